@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class VeriConfig(AppConfig):
+    name = "veri"
+    verbose_name = "Tenancy"

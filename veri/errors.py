@@ -1,0 +1,83 @@
+"""The one `/v1` error format: `{"error": {"code", "message", "field", ...}}`."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class VeriError(Exception):
+    status, code = 400, "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None, **extra):
+        super().__init__(message)
+        self.message, self.field, self.extra = message, field, extra
+        if code:
+            self.code = code
+
+    def as_body(self) -> dict:
+        return {
+            "error": {"code": self.code, "message": self.message, "field": self.field, **self.extra}
+        }
+
+
+class NotFound(VeriError):
+    status, code = 404, "not_found"
+
+
+class Conflict(VeriError):
+    status, code = 409, "conflict"
+
+
+class TooLarge(VeriError):
+    status, code = 413, "too_large"
+
+
+class Forbidden(VeriError):
+    status, code = 403, "forbidden"
+
+
+def first_error(detail, path: str = "") -> tuple[str | None, str]:
+    """The first (field path, message) in DRF's nested error detail, e.g. `files.3.path`."""
+    if isinstance(detail, dict):
+        key, value = next(iter(detail.items()))
+        field = None if key in {"non_field_errors", "__all__"} else str(key)
+        return first_error(value, f"{path}.{field}" if path and field else (field or path))
+    if isinstance(detail, list) and detail:
+        for index, item in enumerate(detail):
+            if item:  # list serializers report {} for the rows without errors
+                nested = isinstance(item, dict | list)
+                return first_error(item, f"{path}.{index}" if nested and path else path)
+    return (path or None), str(detail)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, Http404):
+        exc = NotFound("Not found.")
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        )
+    if isinstance(exc, exceptions.ValidationError):
+        field, message = first_error(exc.detail)
+        label = f"{field}: " if field else ""
+        exc = VeriError(f"{label}{message}", field=field)
+    if isinstance(exc, exceptions.ParseError):
+        exc = VeriError(str(exc.detail), code="parse_error")
+    if isinstance(exc, VeriError):
+        return Response(exc.as_body(), status=exc.status)
+    response = drf_exception_handler(exc, context)  # 401/405/415/429, keeps Retry-After
+    if response is not None:
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
+        response.data = {"error": {"code": code, "message": str(exc.detail), "field": None}}
+    return response  # None: a bug; it 500s (as JSON, see server_error) and reaches the logs
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(NotFound(f"No route {request.path}.").as_body(), status=404)
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    body = VeriError("Internal error; it has been logged.", code="internal_error").as_body()
+    return JsonResponse(body, status=500)

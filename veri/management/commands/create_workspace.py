@@ -1,0 +1,32 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from veri import services
+
+
+class Command(BaseCommand):
+    help = "Create a workspace and print its API key alone on the last line."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument(
+            "--credit",
+            type=str,
+            default=None,
+            help="starting credit in USD (taken once billing accounts exist)",
+        )
+        parser.add_argument(
+            "--no-billing",
+            action="store_true",
+            help="create the workspace without a billing account",
+        )
+
+    def handle(self, *args, name: str, credit: str | None, no_billing: bool, **options):
+        if credit is not None and no_billing:
+            raise CommandError("--credit needs a billing account; drop --no-billing.")
+        workspace, api_key = services.create_workspace(name=name)
+        self.stderr.write(f"Created workspace {workspace.name} ({workspace.public_id}).")
+        if credit is not None:
+            self.stderr.write(
+                "Note: --credit is not applied yet; billing accounts arrive with billing."
+            )
+        self.stdout.write(api_key)

@@ -1,0 +1,16 @@
+from django.core.management.base import BaseCommand
+
+from volumes import tasks as volume_tasks
+
+
+class Command(BaseCommand):
+    help = "Run every reconciler and watchdog once, then exit."
+
+    def handle(self, *args, **options):
+        runs = [
+            ("reconcile_deleted_volumes", volume_tasks.reconcile_deleted_volumes),
+            ("abort_stale_uploads", volume_tasks.abort_stale_uploads),
+            ("take_usage_snapshots", volume_tasks.take_usage_snapshots),
+        ]
+        for name, task in runs:
+            self.stdout.write(f"{name}: {task()}")

@@ -1,0 +1,90 @@
+import secrets
+from functools import partial
+
+from django.conf import settings
+from django.db import models
+
+ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def make_public_id(prefix: str) -> str:
+    """An opaque id with a type prefix (`vol_…`): 16 random base-36 characters, ~82 bits."""
+    return f"{prefix}_" + "".join(secrets.choice(ID_ALPHABET) for _ in range(16))
+
+
+def public_id_field(prefix: str) -> models.CharField:
+    return models.CharField(
+        max_length=40, unique=True, editable=False, default=partial(make_public_id, prefix)
+    )
+
+
+class Workspace(models.Model):
+    public_id = public_id_field("ws")
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.public_id})"
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        MEMBER = "member"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "user"], name="one_membership_per_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.workspace.name} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """`veri_sk_<prefix>_<secret>`: the prefix finds the row, only the secret's hash is kept."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"veri_sk_{self.prefix}_…"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class IdempotencyRecord(models.Model):
+    """The first answer to a POST carrying an `Idempotency-Key`, replayed to its retries."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    request_fingerprint = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField()
+    body = models.JSONField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "key"], name="one_answer_per_key")
+        ]
+
+    def __str__(self) -> str:
+        return self.key

@@ -1,0 +1,60 @@
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from veri.models import ApiKey, Workspace
+
+KEY_PREFIX = "veri_sk_"
+# last_used_at is informational: writing it on every request would turn reads into writes.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def hash_secret(secret: str) -> str:
+    # The secret is 256 random bits, so a plain digest cannot be brute-forced; no slow KDF needed.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@transaction.atomic
+def create_workspace(*, name: str) -> tuple[Workspace, str]:
+    """A workspace and its first API key; the key is returned once and never stored."""
+    workspace = Workspace.objects.create(name=name)
+    _, key = create_api_key(workspace=workspace, name="default")
+    return workspace, key
+
+
+def create_api_key(*, workspace: Workspace, name: str = "") -> tuple[ApiKey, str]:
+    prefix = secrets.token_hex(4)
+    secret = secrets.token_hex(32)
+    api_key = ApiKey.objects.create(
+        workspace=workspace, name=name, prefix=prefix, secret_hash=hash_secret(secret)
+    )
+    return api_key, f"{KEY_PREFIX}{prefix}_{secret}"
+
+
+def revoke_api_key(*, api_key: ApiKey) -> None:
+    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def authenticate_api_key(*, raw_key: str) -> ApiKey | None:
+    """The active key for `veri_sk_<prefix>_<secret>`, or None for anything else."""
+    if not raw_key.startswith(KEY_PREFIX):
+        return None
+    prefix, _, secret = raw_key[len(KEY_PREFIX) :].partition("_")
+    if not prefix or not secret:
+        return None
+    api_key = (
+        ApiKey.objects.select_related("workspace")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
+    )
+    if api_key is None or not hmac.compare_digest(api_key.secret_hash, hash_secret(secret)):
+        return None
+    now = timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        api_key.last_used_at = now
+    return api_key

@@ -1,0 +1,165 @@
+"""Settings, read once from the environment; every default works on one machine."""
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = BASE_DIR / ".veri"
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def database_from_url(url: str) -> dict:
+    """`sqlite:///abs/path` or `postgres://user:pass@host:port/name`."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path)}
+    if parts.scheme in {"postgres", "postgresql"}:
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+        }
+    raise ImproperlyConfigured(f"DATABASE_URL scheme {parts.scheme!r} is not supported.")
+
+
+DEBUG = env_bool("DEBUG")
+# The embedded default keeps a generated key under .veri/; production must set SECRET_KEY.
+SECRET_KEY = env("SECRET_KEY")
+if not SECRET_KEY:
+    if env_bool("VERI_PRODUCTION"):
+        raise ImproperlyConfigured("SECRET_KEY must be set in production (VERI_PRODUCTION=1).")
+    key_file = STATE_DIR / "secret_key"
+    if not key_file.exists():
+        import secrets
+
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(secrets.token_urlsafe(50))
+    SECRET_KEY = key_file.read_text().strip()
+
+ALLOWED_HOSTS = (env("ALLOWED_HOSTS") or "127.0.0.1,localhost,testserver,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_q",
+    "veri",
+    "volumes",
+    "training",
+    "billing",
+    "providers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "veri.urls"
+WSGI_APPLICATION = "veri.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # The qcluster and the web server write at once: wait for the lock instead of failing.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = STATE_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["veri.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "veri.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Veri API",
+    "DESCRIPTION": "Managed LLM training: volumes, datasets, training jobs, billing.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+Q_CLUSTER = {
+    "name": "veri",
+    "orm": "default",
+    "workers": int(env("VERI_Q_WORKERS", "2")),
+    "timeout": 600,
+    "retry": 720,  # must exceed timeout, or a long task is handed out twice
+    "max_attempts": 3,
+    "catch_up": False,
+    "poll": 0.5,
+    "ack_failures": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("VERI_LOG_LEVEL", "WARNING")},
+}
+
+# Veri
+VERI_STORE = env("VERI_STORE") or f"file://{STATE_DIR / 'store'}"
+AWS_ENDPOINT_URL = env("AWS_ENDPOINT_URL")
+AWS_REGION = env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
+# STS role the control plane assumes to hand out prefix-scoped credentials (S3 store only).
+VERI_STS_ROLE_ARN = env("VERI_STS_ROLE_ARN") or "arn:aws:iam::123456789012:role/veri-worker-storage"
+VERI_MULTIPART_THRESHOLD = int(env("VERI_MULTIPART_THRESHOLD", str(5 * 1024**3)))
+VERI_MULTIPART_PART_SIZE = int(env("VERI_MULTIPART_PART_SIZE", str(64 * 1024**2)))
+VERI_PRESIGN_TTL_SECONDS = int(env("VERI_PRESIGN_TTL_SECONDS", "3600"))
+VERI_DEFAULT_REGION = env("VERI_DEFAULT_REGION", "us-east-1")
+VERI_STALE_UPLOAD_SECONDS = int(env("VERI_STALE_UPLOAD_SECONDS", str(24 * 3600)))

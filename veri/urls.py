@@ -1,0 +1,32 @@
+from django.contrib import admin
+from django.urls import include, path, re_path
+from django.views.defaults import page_not_found
+from django.views.defaults import server_error as html_server_error
+from django.views.generic import TemplateView
+from drf_spectacular.views import SpectacularAPIView
+
+from veri import errors
+
+v1 = [
+    path("schema", SpectacularAPIView.as_view(), name="schema"),
+    path("", include("volumes.urls")),
+    re_path(r"^.*$", errors.not_found),  # unknown /v1 routes answer in the API's error format
+]
+
+urlpatterns = [
+    path("", TemplateView.as_view(template_name="home.html"), name="home"),
+    path("admin/", admin.site.urls),
+    path("v1/", include(v1)),
+]
+
+
+def handler404(request, exception):
+    if request.path.startswith("/v1/"):
+        return errors.not_found(request, exception)
+    return page_not_found(request, exception)
+
+
+def handler500(request):
+    if request.path.startswith("/v1/"):
+        return errors.server_error(request)
+    return html_server_error(request)

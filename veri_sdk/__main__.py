@@ -1,0 +1,5 @@
+import sys
+
+from veri_sdk.cli import main
+
+sys.exit(main())

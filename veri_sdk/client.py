@@ -1,0 +1,21 @@
+from veri_sdk.config import resolve
+from veri_sdk.http import ApiTransport, StorageTransport
+from veri_sdk.volumes import Volumes
+
+
+class Client:
+    """`Client()` reads `VERI_API_KEY` / `VERI_API_URL`, else what `veri login` saved."""
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        timeout: float = 60.0,
+        max_retries: int = 4,
+    ):
+        key, url = resolve(api_key, base_url)
+        self.base_url = url
+        self.api = ApiTransport(base_url=url, api_key=key, timeout=timeout, max_retries=max_retries)
+        storage = StorageTransport(timeout=max(timeout, 300.0), max_retries=max_retries)
+        self.volumes = Volumes(self.api, storage)

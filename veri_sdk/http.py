@@ -1,0 +1,115 @@
+"""HTTP with retries: connection errors, 5xx and 429 are retried with backoff; POSTs carry an
+Idempotency-Key that stays the same across the retries of one call."""
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import httpx
+
+from veri_sdk.errors import ConnectionFailed, error_from_body
+
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+
+
+def backoff(attempt: int, retry_after: str | None = None) -> float:
+    if retry_after:
+        try:
+            return min(float(retry_after), 30.0)
+        except ValueError:
+            pass
+    return min(0.25 * 2**attempt, 8.0) * (0.5 + random.random() / 2)
+
+
+def send_with_retries(
+    send: Callable[[], httpx.Response], *, max_retries: int, what: str
+) -> httpx.Response:
+    for attempt in range(max_retries + 1):
+        try:
+            response = send()
+        except httpx.TransportError as exc:
+            if attempt == max_retries:
+                raise ConnectionFailed(
+                    0, "connection_failed", f"Could not reach {what}: {exc}"
+                ) from exc
+            time.sleep(backoff(attempt))
+            continue
+        if response.status_code in RETRY_STATUSES and attempt < max_retries:
+            time.sleep(backoff(attempt, response.headers.get("Retry-After")))
+            continue
+        return response
+    raise AssertionError("unreachable")
+
+
+class ApiTransport:
+    """The `/v1` API: JSON in and out, errors raised as typed `VeriAPIError`s."""
+
+    def __init__(self, *, base_url: str, api_key: str | None, timeout: float, max_retries: int):
+        headers = {"User-Agent": "veri-sdk/0.1"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.base_url, self.max_retries = base_url, max_retries
+        self.http = httpx.Client(
+            base_url=f"{base_url}/v1",
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+        )
+
+    def request(self, method: str, path: str, *, json=None, params=None, files=None, data=None):
+        headers = {"Idempotency-Key": str(uuid.uuid4())} if method == "POST" else {}
+        response = send_with_retries(
+            lambda: self.http.request(
+                method, path, json=json, params=params, files=files, data=data, headers=headers
+            ),
+            max_retries=self.max_retries,
+            what=self.base_url,
+        )
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = None
+            raise error_from_body(response.status_code, body)
+        if not response.content:
+            return None
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.text
+
+    def paginate(self, path: str, params: dict | None = None) -> Iterator[dict]:
+        params = dict(params or {}, limit=200)
+        while True:
+            page = self.request("GET", path, params=params)
+            yield from page["data"]
+            if not page.get("next_cursor"):
+                return
+            params["cursor"] = page["next_cursor"]
+
+
+class StorageTransport:
+    """Presigned object-store URLs: no API key is ever sent to the store."""
+
+    def __init__(self, *, timeout: float, max_retries: int):
+        self.max_retries = max_retries
+        self.http = httpx.Client(
+            timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        )
+
+    def put(self, url: str, *, length: int, body: Callable[[], Iterator[bytes]]) -> str:
+        """PUT `length` bytes from `body()` (called again on each retry); returns the ETag."""
+        headers = {"Content-Length": str(length), "Content-Type": "application/octet-stream"}
+        response = send_with_retries(
+            lambda: self.http.put(url, content=body(), headers=headers),
+            max_retries=self.max_retries,
+            what="the object store",
+        )
+        if response.status_code >= 300:
+            raise ConnectionFailed(
+                response.status_code,
+                "storage_error",
+                f"The object store refused the upload (HTTP {response.status_code}): "
+                f"{response.text[:300]}",
+            )
+        return response.headers.get("ETag", "").strip('"')

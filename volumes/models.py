@@ -1,0 +1,118 @@
+from django.db import models
+
+from veri.models import Workspace, public_id_field
+
+
+class Volume(models.Model):
+    class Status(models.TextChoices):
+        READY = "ready"
+
+    public_id = public_id_field("vol")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="volumes")
+    name = models.CharField(max_length=128)
+    region = models.CharField(max_length=40)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.READY)
+    # Kept exact by the upload services under a row lock; read-only everywhere else.
+    file_count = models.PositiveBigIntegerField(default=0)
+    total_bytes = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"], name="volume_name_unique_in_workspace"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def store_prefix(self) -> str:
+        """All of this volume's objects are under it; the trailing `/` keeps `data` off `data2`."""
+        return f"workspaces/{self.workspace.public_id}/volumes/{self.public_id}/"
+
+
+class VolumeFile(models.Model):
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="files")
+    path = models.CharField(max_length=1024)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True)
+    object_key = models.CharField(max_length=1024)
+    uploaded_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["volume", "path"], name="one_file_per_path")]
+
+    def __str__(self) -> str:
+        return self.path
+
+
+class Upload(models.Model):
+    """One file on its way into a volume. Its object key is its own, so a failed or mismatched
+    upload never touches the file already stored at that path."""
+
+    class Method(models.TextChoices):
+        SINGLE = "single"
+        MULTIPART = "multipart"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        ABORTED = "aborted"
+
+    public_id = public_id_field("upl")
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="uploads")
+    path = models.CharField(max_length=1024)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True)
+    method = models.CharField(max_length=10, choices=Method.choices)
+    object_key = models.CharField(max_length=1024)
+    store_upload_id = models.CharField(max_length=1024, blank=True)
+    part_size = models.PositiveBigIntegerField(null=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.status})"
+
+
+class UsageSnapshot(models.Model):
+    """What storage billing reads: one row per volume per hour."""
+
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="usage_snapshots")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
+    hour = models.DateTimeField()
+    file_count = models.PositiveBigIntegerField()
+    total_bytes = models.PositiveBigIntegerField()
+    taken_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["volume", "hour"], name="one_snapshot_per_hour")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.volume_id} at {self.hour:%Y-%m-%d %H:00}"
+
+
+class StoreDeletion(models.Model):
+    """Objects the database no longer points to, removed from the store by the reconciler.
+
+    A prefix (ending in `/`) is a deleted volume; a plain key is a replaced or rejected file.
+    """
+
+    key = models.CharField(max_length=1024)
+    reason = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+    done_at = models.DateTimeField(null=True, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def is_prefix(self) -> bool:
+        return self.key.endswith("/")

@@ -1,0 +1,40 @@
+"""Reads of volumes, always within one workspace: another workspace's volume is simply not found."""
+
+from django.db.models import QuerySet
+
+from veri.errors import NotFound
+from veri.models import Workspace
+from volumes.models import Upload, UsageSnapshot, Volume, VolumeFile
+
+
+def list_volumes(*, workspace: Workspace) -> QuerySet[Volume]:
+    return Volume.objects.filter(workspace=workspace).select_related("workspace")
+
+
+def get_volume(*, workspace: Workspace, id_or_name: str) -> Volume:
+    """By public id, else by name (a name may look like an id, so the id is tried first)."""
+    volumes = list_volumes(workspace=workspace)
+    volume = volumes.filter(public_id=id_or_name).first() or volumes.filter(name=id_or_name).first()
+    if volume is None:
+        raise NotFound(f"No volume {id_or_name!r} in this workspace.")
+    return volume
+
+
+def list_files(*, volume: Volume, prefix: str = "") -> QuerySet[VolumeFile]:
+    files = VolumeFile.objects.filter(volume=volume)
+    return files.filter(path__startswith=prefix) if prefix else files
+
+
+def get_upload(*, volume: Volume, upload_id: str) -> Upload:
+    upload = Upload.objects.filter(volume=volume, public_id=upload_id).first()
+    if upload is None:
+        raise NotFound(f"No upload {upload_id!r} in volume {volume.name!r}.")
+    return upload
+
+
+def get_uploads(*, volume: Volume, upload_ids: list[str]) -> dict[str, Upload]:
+    return {u.public_id: u for u in Upload.objects.filter(volume=volume, public_id__in=upload_ids)}
+
+
+def list_usage(*, volume: Volume) -> QuerySet[UsageSnapshot]:
+    return UsageSnapshot.objects.filter(volume=volume)

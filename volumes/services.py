@@ -1,0 +1,345 @@
+"""Every state change of volumes: create, delete, and the upload lifecycle."""
+
+import math
+import re
+import secrets
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from providers.catalog import available_region_codes, default_region
+from veri.errors import Conflict, NotFound, VeriError
+from veri.models import Workspace
+from volumes.models import StoreDeletion, Upload, Volume, VolumeFile
+from volumes.stores import StoreError, get_store
+
+NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
+MAX_PATH_BYTES = 900  # the object key adds ~100 bytes; S3 allows 1,024
+MAX_PARTS = 10_000  # S3's limit
+MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def validate_volume_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise VeriError(
+            f"Volume names are 1-128 characters of letters, digits, '_' and '-', starting with a "
+            f"letter or digit (^[a-zA-Z0-9][a-zA-Z0-9_-]{{0,127}}$); got {name!r}.",
+            field="name",
+            code="invalid_name",
+        )
+
+
+def validate_path(path: str, *, field: str = "path") -> None:
+    """Relative POSIX paths: no leading `/`, no `.`/`..`/empty segments, no control chars."""
+    problem = None
+    if not isinstance(path, str) or not path:
+        problem = "it is empty"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in path):
+        problem = "it contains a NUL or control character"
+    elif path.startswith("/"):
+        problem = "it is absolute"
+    elif any(segment in {"", ".", ".."} for segment in path.split("/")):
+        problem = "it has an empty, '.' or '..' segment"
+    elif len(path.encode()) > MAX_PATH_BYTES:
+        problem = f"it is longer than {MAX_PATH_BYTES} bytes"
+    if problem:
+        raise VeriError(
+            f"File paths are relative POSIX paths like 'data/train.jsonl'; {path!r} is refused "
+            f"because {problem}.",
+            field=field,
+            code="invalid_path",
+        )
+
+
+def create_volume(
+    *, workspace: Workspace, name: str, region: str | None = None
+) -> tuple[Volume, bool]:
+    """Same name returns the existing volume, even under a race: the unique constraint decides."""
+    validate_volume_name(name)
+    region = region or default_region()
+    if region not in available_region_codes():
+        raise VeriError(
+            f"Unknown or not yet available region {region!r}; use one of: "
+            f"{', '.join(available_region_codes())}.",
+            field="region",
+            code="invalid_region",
+        )
+    # get_or_create retries the get after an IntegrityError, so concurrent creates meet on one row.
+    return Volume.objects.get_or_create(workspace=workspace, name=name, defaults={"region": region})
+
+
+@transaction.atomic
+def delete_volume(*, volume: Volume, confirm: str | None = None, force: bool = False) -> None:
+    """The row goes now; the reconciler empties its store prefix (queued now, and each minute)."""
+    if not force and confirm != volume.name:
+        raise VeriError(
+            f"Deleting volume {volume.name!r} removes {volume.file_count} files "
+            f"({volume.total_bytes} bytes). Confirm with confirm={volume.name}.",
+            field="confirm",
+            code="confirmation_required",
+            file_count=volume.file_count,
+            total_bytes=volume.total_bytes,
+        )
+    StoreDeletion.objects.create(
+        key=volume.store_prefix, reason=f"volume {volume.public_id} ({volume.name}) deleted"
+    )
+    volume.delete()
+    transaction.on_commit(lambda: async_task("volumes.tasks.reconcile_deleted_volumes"))
+
+
+@dataclass(frozen=True, slots=True)
+class FileToUpload:
+    path: str
+    size: int
+    sha256: str = ""
+
+
+def _validate_file(file: FileToUpload, *, field_prefix: str = "") -> None:
+    validate_path(file.path, field=f"{field_prefix}path")
+    if not isinstance(file.size, int) or file.size < 0:
+        raise VeriError(
+            "size must be a whole number of bytes, 0 or more.", field=f"{field_prefix}size"
+        )
+    if file.sha256 and not SHA256_RE.fullmatch(file.sha256):
+        raise VeriError(
+            "sha256 must be 64 lowercase hex characters.",
+            field=f"{field_prefix}sha256",
+            code="invalid_sha256",
+        )
+
+
+def part_size_for(size: int) -> int:
+    return max(settings.VERI_MULTIPART_PART_SIZE, MIN_PART_SIZE, math.ceil(size / MAX_PARTS))
+
+
+def _instructions(upload: Upload) -> dict:
+    """What the client needs to send the bytes: one URL, or one URL per part."""
+    store, ttl = get_store(), settings.VERI_PRESIGN_TTL_SECONDS
+    answer = {"upload_id": upload.public_id, "path": upload.path, "method": upload.method}
+    if upload.method == Upload.Method.SINGLE:
+        answer["url"] = store.presign_put(upload.object_key, expires=ttl)
+    else:
+        count = max(1, math.ceil(upload.size / upload.part_size))
+        answer["part_size"] = upload.part_size
+        answer["parts"] = [
+            {
+                "number": n,
+                "url": store.presign_part(
+                    upload.object_key, upload_id=upload.store_upload_id, number=n, expires=ttl
+                ),
+            }
+            for n in range(1, count + 1)
+        ]
+    return answer
+
+
+def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict]:
+    """One answer per file: upload instructions, or `{"path", "skipped": True}` when a file with the
+    same size and sha256 is already stored at that path."""
+    for index, file in enumerate(files):
+        _validate_file(file, field_prefix=f"files.{index}." if len(files) > 1 else "")
+    stored = {
+        f.path: f
+        for f in VolumeFile.objects.filter(volume=volume, path__in=[f.path for f in files])
+    }
+    group = secrets.token_hex(8)  # one folder per batch, so completing it is one store listing
+    threshold, store = settings.VERI_MULTIPART_THRESHOLD, get_store()
+    answers: list[dict | None] = []
+    new_uploads = []
+    for file in files:
+        existing = stored.get(file.path)
+        if (
+            file.sha256
+            and existing
+            and (existing.size, existing.sha256) == (file.size, file.sha256)
+        ):
+            answers.append({"path": file.path, "skipped": True})
+            continue
+        upload = Upload(
+            volume=volume,
+            path=file.path,
+            size=file.size,
+            sha256=file.sha256,
+            object_key=f"{volume.store_prefix}{group}/{file.path}",
+            method=Upload.Method.MULTIPART if file.size > threshold else Upload.Method.SINGLE,
+        )
+        if upload.method == Upload.Method.MULTIPART:
+            upload.part_size = part_size_for(file.size)
+            upload.store_upload_id = store.create_multipart(upload.object_key)
+        new_uploads.append(upload)
+        answers.append(None)
+    Upload.objects.bulk_create(new_uploads)
+    instructions = iter(_instructions(upload) for upload in new_uploads)
+    return [answer or next(instructions) for answer in answers]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    upload: Upload
+    parts: list[tuple[int, str]] | None = None
+
+
+def _check_stored(upload: Upload, stored, sha256_of) -> str | None:
+    """Why the stored object does not match what the client announced, or None when it does."""
+    if stored is None:
+        return f"{upload.path}: nothing was uploaded (expected {upload.size} bytes)"
+    if stored.size != upload.size:
+        return f"{upload.path}: the store holds {stored.size} bytes, expected {upload.size}"
+    if upload.sha256 and sha256_of[upload.object_key] != upload.sha256:
+        stored_sha = sha256_of[upload.object_key]
+        return f"{upload.path}: the stored bytes' sha256 is {stored_sha}, expected {upload.sha256}"
+    return None
+
+
+def complete_uploads(
+    *, volume: Volume, completions: Sequence[Completion]
+) -> list[VolumeFile | VeriError]:
+    """Finish uploads: check each stored object's size (and sha256 when given) and record the file.
+
+    A mismatch records nothing (the answer is an `upload_incomplete` error) and leaves the file
+    already stored at that path untouched. Completing twice returns the same file.
+    """
+    store = get_store()
+    store_errors: dict[int, str] = {}
+    pending = [c for c in completions if c.upload.status == Upload.Status.PENDING]
+    for completion in pending:
+        upload = completion.upload
+        if upload.method == Upload.Method.MULTIPART:
+            try:
+                store.complete_multipart(
+                    upload.object_key,
+                    upload_id=upload.store_upload_id,
+                    parts=completion.parts or [],
+                )
+            except StoreError as exc:
+                store_errors[upload.pk] = (
+                    f"{upload.path}: the multipart upload could not be completed ({exc})"
+                )
+    stored = store.stat_many(
+        [c.upload.object_key for c in pending if c.upload.pk not in store_errors]
+    )
+    to_hash = [
+        c.upload.object_key
+        for c in pending
+        if c.upload.sha256 and (s := stored.get(c.upload.object_key)) and s.size == c.upload.size
+    ]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        sha256_of = dict(zip(to_hash, pool.map(store.sha256, to_hash), strict=True))
+    problems = {
+        c.upload.pk: store_errors.get(c.upload.pk)
+        or _check_stored(c.upload, stored.get(c.upload.object_key), sha256_of)
+        for c in pending
+    }
+    _record_completions(volume=volume, pending=[c.upload for c in pending], problems=problems)
+
+    keys = [c.upload.object_key for c in completions]
+    files = {f.object_key: f for f in VolumeFile.objects.filter(volume=volume, object_key__in=keys)}
+    statuses = dict(
+        Upload.objects.filter(pk__in=[c.upload.pk for c in completions]).values_list("pk", "status")
+    )
+    results: list[VolumeFile | VeriError] = []
+    for completion in completions:
+        upload = completion.upload
+        upload.status = statuses[upload.pk]
+        if upload.status == Upload.Status.COMPLETED:
+            results.append(
+                files.get(upload.object_key)
+                or Conflict(
+                    f"{upload.path}: a newer upload replaced this one.",
+                    code="upload_superseded",
+                    upload_id=upload.public_id,
+                )
+            )
+        elif problems.get(upload.pk):
+            results.append(
+                VeriError(problems[upload.pk], code="upload_incomplete", upload_id=upload.public_id)
+            )
+        else:
+            results.append(
+                Conflict(
+                    f"{upload.path}: this upload was aborted.",
+                    code="upload_aborted",
+                    upload_id=upload.public_id,
+                )
+            )
+    return results
+
+
+@transaction.atomic
+def _record_completions(
+    *, volume: Volume, pending: list[Upload], problems: dict[int, str | None]
+) -> None:
+    # The volume's row lock serializes every completion into it, which keeps the counters exact.
+    if Volume.objects.select_for_update().filter(pk=volume.pk).first() is None:
+        raise NotFound(f"No volume {volume.public_id} in this workspace.")
+    still_pending = {
+        u.pk: u
+        for u in Upload.objects.select_for_update()
+        .filter(pk__in=[u.pk for u in pending], status=Upload.Status.PENDING)
+        .order_by("pk")
+    }
+    now = timezone.now()
+    good = [u for u in still_pending.values() if not problems[u.pk]]
+    bad = [u for u in still_pending.values() if problems[u.pk]]
+    # Within one batch the last upload of a path wins; earlier ones count as replaced.
+    newest = {u.path: u for u in good}
+    existing = {f.path: f for f in VolumeFile.objects.filter(volume=volume, path__in=newest)}
+    obsolete_keys = [u.object_key for u in good if newest[u.path] is not u] + [
+        u.object_key for u in bad
+    ]
+    created, updated, added_files, added_bytes = [], [], 0, 0
+    for path, upload in newest.items():
+        fields = {
+            "size": upload.size,
+            "sha256": upload.sha256,
+            "object_key": upload.object_key,
+            "uploaded_at": now,
+        }
+        if file := existing.get(path):
+            obsolete_keys.append(file.object_key)
+            added_bytes += upload.size - file.size
+            for name, value in fields.items():
+                setattr(file, name, value)
+            updated.append(file)
+        else:
+            created.append(VolumeFile(volume=volume, path=path, **fields))
+            added_files += 1
+            added_bytes += upload.size
+    VolumeFile.objects.bulk_create(created)
+    VolumeFile.objects.bulk_update(updated, ["size", "sha256", "object_key", "uploaded_at"])
+    Volume.objects.filter(pk=volume.pk).update(
+        file_count=F("file_count") + added_files, total_bytes=F("total_bytes") + added_bytes
+    )
+    for upload in still_pending.values():
+        upload.status = Upload.Status.ABORTED if problems[upload.pk] else Upload.Status.COMPLETED
+        upload.finished_at = now
+    Upload.objects.bulk_update(still_pending.values(), ["status", "finished_at"])
+    StoreDeletion.objects.bulk_create(
+        StoreDeletion(key=key, reason="replaced or rejected upload") for key in obsolete_keys
+    )
+    volume.refresh_from_db(fields=["file_count", "total_bytes"])
+
+
+def abort_upload(*, upload: Upload) -> Upload:
+    """Stop an upload; its bytes (and any multipart parts) are removed from the store."""
+    with transaction.atomic():
+        locked = Upload.objects.select_for_update().get(pk=upload.pk)
+        if locked.status == Upload.Status.COMPLETED:
+            raise Conflict(
+                f"{locked.path}: this upload is already complete.", code="upload_completed"
+            )
+        if locked.status == Upload.Status.ABORTED:
+            return locked
+        locked.status, locked.finished_at = Upload.Status.ABORTED, timezone.now()
+        locked.save(update_fields=["status", "finished_at"])
+        StoreDeletion.objects.create(key=locked.object_key, reason="aborted upload")
+    if locked.method == Upload.Method.MULTIPART:
+        get_store().abort_multipart(locked.object_key, upload_id=locked.store_upload_id)
+    return locked
