@@ -106,10 +106,13 @@ class StorageTransport:
             what="the object store",
         )
         if response.status_code >= 300:
+            try:
+                reason = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                reason = " ".join(response.text.split())[:200]
             raise ConnectionFailed(
                 response.status_code,
                 "storage_error",
-                f"The object store refused the upload (HTTP {response.status_code}): "
-                f"{response.text[:300]}",
+                f"the object store refused the upload (HTTP {response.status_code}): {reason}",
             )
         return response.headers.get("ETag", "").strip('"')
