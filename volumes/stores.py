@@ -115,7 +115,7 @@ class ObjectStore:
 
 
 class S3Store(ObjectStore):
-    def __init__(self, bucket: str, root: str = ""):
+    def __init__(self, bucket: str, root: str = "", *, endpoint_url: str | None = None):
         self.bucket, self.root = bucket, root.strip("/") + "/" if root.strip("/") else ""
         config = Config(
             signature_version="s3v4",
@@ -123,8 +123,9 @@ class S3Store(ObjectStore):
             max_pool_connections=32,
         )
         session = boto3.session.Session(region_name=settings.AWS_REGION)
-        self.client = session.client("s3", endpoint_url=settings.AWS_ENDPOINT_URL, config=config)
-        self.sts = session.client("sts", endpoint_url=settings.AWS_ENDPOINT_URL)
+        self.endpoint_url = endpoint_url
+        self.client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self.sts = session.client("sts", endpoint_url=endpoint_url)
 
     def _key(self, key: str) -> str:
         return self.root + key
@@ -159,7 +160,9 @@ class S3Store(ObjectStore):
                 Bucket=self.bucket,
                 Key=self._key(key),
                 UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in parts]},
+                MultipartUpload={
+                    "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in sorted(parts)]
+                },
             )
         except ClientError as exc:
             raise StoreError(exc.response["Error"].get("Message") or str(exc)) from exc
@@ -260,7 +263,7 @@ class S3Store(ObjectStore):
             "expiration": creds["Expiration"].isoformat(),
             "bucket": self.bucket,
             "prefix": self._key(prefix),
-            "endpoint_url": settings.AWS_ENDPOINT_URL,
+            "endpoint_url": self.endpoint_url,
             "region": settings.AWS_REGION,
         }
 
@@ -454,20 +457,20 @@ def _md5_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def store_from_url(url: str) -> ObjectStore:
+def store_from_url(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
     parts = urlsplit(url)
     if parts.scheme == "s3":
-        return S3Store(parts.netloc, parts.path)
+        return S3Store(parts.netloc, parts.path, endpoint_url=endpoint_url)
     if parts.scheme == "file":
         return LocalStore(parts.path)
     raise ValueError(f"VERI_STORE must be file:///path or s3://bucket/prefix, not {url!r}")
 
 
 @cache
-def _store_for(url: str) -> ObjectStore:
-    return store_from_url(url)
+def _store_for(url: str, endpoint_url: str | None) -> ObjectStore:
+    return store_from_url(url, endpoint_url=endpoint_url)
 
 
 def get_store() -> ObjectStore:
     """The configured store; built on first use (not at import) and kept per setting value."""
-    return _store_for(settings.VERI_STORE)
+    return _store_for(settings.VERI_STORE, settings.AWS_ENDPOINT_URL)

@@ -1,0 +1,28 @@
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install demo test lint format
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt -e ".[sdk,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) manage.py quickstart
+
+test: install
+	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .

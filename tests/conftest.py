@@ -1,0 +1,137 @@
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+from botocore.config import Config
+from rest_framework.test import APIClient
+
+from veri import services as veri_services
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """The S3 server: `make test` starts one (VERI_TEST_S3_URL); a bare `pytest` starts its own."""
+    if url := os.environ.get("VERI_TEST_S3_URL"):
+        yield url
+        return
+    port = free_port()
+    moto = REPO / ".venv" / "bin" / "moto_server"
+    process = subprocess.Popen(
+        [str(moto) if moto.exists() else "moto_server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/moto-api/")
+            break
+        except httpx.TransportError:
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    process.wait()
+
+
+def s3_client(endpoint: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        config=Config(signature_version="s3v4"),
+    )
+
+
+@pytest.fixture
+def s3_store_url(s3_endpoint, settings) -> str:
+    bucket = f"veri-test-{uuid.uuid4().hex[:12]}"
+    s3_client(s3_endpoint).create_bucket(Bucket=bucket)
+    settings.AWS_ENDPOINT_URL = s3_endpoint
+    return f"s3://{bucket}/root"
+
+
+@pytest.fixture
+def local_store_url(tmp_path) -> str:
+    return f"file://{tmp_path / 'store'}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_kind(request, settings) -> str:
+    """Runs the test once against each store; settings.VERI_STORE points at a fresh one."""
+    fixture = "local_store_url" if request.param == "local" else "s3_store_url"
+    settings.VERI_STORE = request.getfixturevalue(fixture)
+    return request.param
+
+
+@pytest.fixture
+def workspace(db):
+    workspace, _ = veri_services.create_workspace(name="acme")
+    return workspace
+
+
+def client_for(workspace) -> APIClient:
+    _, key = veri_services.create_api_key(workspace=workspace, name="test")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    client.raw_key = key
+    return client
+
+
+@pytest.fixture
+def api_client(workspace) -> APIClient:
+    return client_for(workspace)
+
+
+@pytest.fixture
+def other_api_client(db) -> APIClient:
+    other, _ = veri_services.create_workspace(name="other")
+    return client_for(other)
+
+
+def put_to_url(client: APIClient, url: str, data: bytes) -> httpx.Response | object:
+    """PUT to a presigned URL: the local store's are served by Django, S3's by the S3 server."""
+    if url.startswith("http://testserver/"):
+        return client.put(
+            url.removeprefix("http://testserver"), data, content_type="application/octet-stream"
+        )
+    return httpx.put(url, content=data, headers={"Content-Type": "application/octet-stream"})
+
+
+def assert_error(response, status: int, code: str, field: str | None = "__any__") -> dict:
+    body = response.json()
+    assert response.status_code == status, body
+    assert body["error"]["code"] == code, body
+    assert body["error"]["message"]
+    if field != "__any__":
+        assert body["error"]["field"] == field, body
+    return body["error"]
+
+
+def run_python(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        **kwargs,
+    )
