@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     login = commands.add_parser("login", help="save the API URL and key to ~/.config/veri")
+    # SUPPRESS: the subcommand must not reset what was given before it (`veri --api-url U login`).
+    login.add_argument("--api-url", default=argparse.SUPPRESS, help="e.g. http://127.0.0.1:8000")
+    login.add_argument("--api-key", default=argparse.SUPPRESS, help="asked for when not given")
     login.set_defaults(run=cmd_login, needs_client=False)
 
     volumes = commands.add_parser("volumes", help="named storage mounted into training jobs")

@@ -1,0 +1,53 @@
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.db import connection
+
+from tests.conftest import REPO
+
+
+def database_url() -> str:
+    """The test database, as a URL a subprocess (qcluster, manage.py) can open."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+@pytest.fixture
+def qcluster(transactional_db, settings):
+    """A real django-q2 cluster in a subprocess, on the test database and the test's store."""
+    processes = []
+
+    def start(**extra_env) -> subprocess.Popen:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "VERI_STORE": settings.VERI_STORE,
+            "VERI_Q_WORKERS": "1",
+            **extra_env,
+        }
+        if settings.AWS_ENDPOINT_URL:
+            env["AWS_ENDPOINT_URL"] = settings.AWS_ENDPOINT_URL
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        process.terminate()  # the cluster stops its workers itself; signalling them too stalls it
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

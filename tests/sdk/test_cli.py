@@ -1,0 +1,206 @@
+"""The `veri` CLI and the SDK against a live control plane (and the moto S3 server)."""
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.conftest import free_port
+from veri import services as veri_services
+from veri_sdk import Client, ConnectionFailed, NotFoundError
+from veri_sdk.cli import main
+from volumes.models import Volume, VolumeFile
+from volumes.stores import get_store
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def cli(live_server, monkeypatch, tmp_path):
+    """Runs `veri ...` in-process against the live server; returns (exit code, stdout, stderr)."""
+    workspace, key = veri_services.create_workspace(name="cli")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("VERI_API_URL", live_server.url)
+    monkeypatch.setenv("VERI_API_KEY", key)
+
+    def run(*args: str, capsys) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    run.workspace, run.key = workspace, key
+    return run
+
+
+def make_tree(root, count: int = 12) -> dict[str, bytes]:
+    files = {
+        f"part-{i:02d}.jsonl": f'{{"text": "row {i}"}}\n'.encode() * (i + 1) for i in range(count)
+    }
+    files["nested/deeper/notes.txt"] = b"notes"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+def test_upload_dir_twice_uploads_nothing_the_second_time(
+    cli, capsys, tmp_path, settings, local_store_url
+):
+    settings.VERI_STORE = local_store_url
+    files = make_tree(tmp_path / "corpus")
+    assert cli("volumes", "create", "corpus", capsys=capsys)[0] == 0
+    code, out, err = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
+    assert code == 0, err
+    assert f"Uploaded {len(files)} file(s)" in out
+    volume = Volume.objects.get(name="corpus")
+    assert (volume.file_count, volume.total_bytes) == (len(files), sum(map(len, files.values())))
+    for file in VolumeFile.objects.filter(volume=volume):
+        assert get_store().get_bytes(file.object_key) == files[file.path]
+
+    code, out, _ = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
+    assert code == 0
+    assert f"Nothing to upload: all {len(files)} file(s) are already in corpus." in out
+    assert VolumeFile.objects.filter(volume=volume).count() == len(files)
+
+    (tmp_path / "corpus" / "part-00.jsonl").write_bytes(b"changed\n")
+    code, out, _ = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
+    assert "Uploaded 1 file(s)" in out and f"skipped {len(files) - 1}" in out
+
+    code, out, _ = cli("volumes", "ls", "corpus", "--prefix", "nested/", capsys=capsys)
+    assert "nested/deeper/notes.txt" in out and "part-00" not in out
+    code, out, _ = cli("volumes", "list", capsys=capsys)
+    assert "corpus" in out and volume.public_id in out
+
+
+def test_multipart_upload_through_the_cli_to_s3(cli, capsys, tmp_path, settings, s3_store_url):
+    settings.VERI_STORE = s3_store_url
+    settings.VERI_MULTIPART_THRESHOLD = 5 * 1024**2
+    settings.VERI_MULTIPART_PART_SIZE = 5 * 1024**2
+    source = tmp_path / "weights.bin"
+    source.write_bytes(os.urandom(17 * 1024**2))
+    code, out, err = cli(
+        "volumes", "upload", "models", str(source), "--path", "qwen/weights.bin", capsys=capsys
+    )
+    assert code == 1 and "No volume 'models'" in err  # no such volume yet
+    cli("volumes", "create", "models", capsys=capsys)
+    code, out, err = cli(
+        "volumes", "upload", "models", str(source), "--path", "qwen/weights.bin", capsys=capsys
+    )
+    assert code == 0, err
+    assert "Uploaded qwen/weights.bin (17.0 MiB)" in out
+    assert "17.0/17.0 MiB" in err  # the progress bar's final state
+    file = VolumeFile.objects.get(path="qwen/weights.bin")
+    assert file.size == 17 * 1024**2
+    assert get_store().get_bytes(file.object_key) == source.read_bytes()
+
+
+def test_delete_asks_for_the_name_unless_yes(
+    cli, capsys, tmp_path, settings, local_store_url, monkeypatch
+):
+    settings.VERI_STORE = local_store_url
+    make_tree(tmp_path / "d", count=2)
+    cli("volumes", "create", "scratch", capsys=capsys)
+    cli("volumes", "upload-dir", "scratch", str(tmp_path / "d"), capsys=capsys)
+
+    monkeypatch.setattr("builtins.input", lambda prompt: "not-it")
+    code, _, err = cli("volumes", "delete", "scratch", capsys=capsys)
+    assert code == 1 and "holds 3 file(s)" in err and "Not deleted" in err
+    assert Volume.objects.filter(name="scratch").exists()
+
+    monkeypatch.setattr("builtins.input", lambda prompt: "scratch")
+    assert cli("volumes", "delete", "scratch", capsys=capsys)[0] == 0
+    assert not Volume.objects.filter(name="scratch").exists()
+
+    cli("volumes", "create", "scratch", capsys=capsys)
+    monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("--yes must not prompt"))
+    code, out, _ = cli("volumes", "delete", "scratch", "--yes", capsys=capsys)
+    assert code == 0 and "Deleted volume scratch" in out
+
+
+def test_exit_codes(cli, capsys):
+    with pytest.raises(SystemExit) as usage:
+        main(["volumes", "create"])  # missing NAME
+    assert usage.value.code == 2
+    code, _, err = cli("volumes", "create", "bad name", capsys=capsys)
+    assert code == 1 and "Volume names are" in err
+    code, _, err = cli("--api-key", "veri_sk_nope_nope", "volumes", "list", capsys=capsys)
+    assert code == 1 and "not valid" in err
+
+
+def test_login_saves_url_and_key_for_later_commands(
+    cli, capsys, monkeypatch, live_server, tmp_path
+):
+    monkeypatch.delenv("VERI_API_KEY")
+    monkeypatch.delenv("VERI_API_URL")
+    code, out, _ = cli("login", "--api-url", live_server.url, "--api-key", cli.key, capsys=capsys)
+    assert code == 0
+    saved = json.loads((tmp_path / "config" / "veri" / "config.json").read_text())
+    assert saved == {"api_url": live_server.url, "api_key": cli.key}
+    assert oct((tmp_path / "config" / "veri" / "config.json").stat().st_mode)[-3:] == "600"
+    assert cli("volumes", "create", "after-login", capsys=capsys)[0] == 0
+    assert Client().volumes.get("after-login").name == "after-login"
+
+
+def test_sdk_errors_are_typed(cli, settings, local_store_url):
+    client = Client()
+    with pytest.raises(NotFoundError) as missing:
+        client.volumes.get("nope")
+    assert (missing.value.status, missing.value.code) == (404, "not_found")
+    client.volumes.create("keep")
+    with pytest.raises(Exception) as refused:
+        client.volumes.delete("keep")
+    assert refused.value.code == "confirmation_required"
+    assert refused.value.extra == {"file_count": 0, "total_bytes": 0}
+
+
+class FlakyApi(BaseHTTPRequestHandler):
+    """Answers 503 to the first two POSTs, then 201; remembers each Idempotency-Key."""
+
+    keys: list[str] = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        FlakyApi.keys.append(self.headers["Idempotency-Key"])
+        status = 503 if len(FlakyApi.keys) <= 2 else 201
+        body = (
+            {"error": {"code": "unavailable", "message": "busy"}}
+            if status == 503
+            else {
+                "id": "vol_1",
+                "name": "x",
+                "region": "us-east-1",
+                "status": "ready",
+                "file_count": 0,
+                "total_bytes": 0,
+                "created_at": "2026-01-01T00:00:00Z",
+            }
+        )
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if status == 503:
+            self.send_header("Retry-After", "0")
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_sdk_retries_5xx_with_one_idempotency_key_and_gives_up_on_dead_hosts():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(api_key="k", base_url=f"http://127.0.0.1:{server.server_port}")
+        assert client.volumes.create("x").id == "vol_1"
+    finally:
+        server.shutdown()
+    assert len(FlakyApi.keys) == 3 and len(set(FlakyApi.keys)) == 1
+
+    dead = Client(api_key="k", base_url=f"http://127.0.0.1:{free_port()}", max_retries=1)
+    with pytest.raises(ConnectionFailed):
+        dead.volumes.list()

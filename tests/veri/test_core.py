@@ -1,0 +1,121 @@
+"""Tenancy core: the error format, idempotency, the schema, and the operator commands."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tests.conftest import assert_error, run_python
+from veri import services
+from veri.models import ApiKey, Workspace
+
+pytestmark = pytest.mark.django_db
+
+
+def test_unknown_routes_answer_json_404(api_client):
+    for url in ["/v1/nope", "/v1/volumes/x/y/z/w", "/v1/"]:
+        assert_error(api_client.get(url), 404, "not_found")
+
+
+def test_wrong_method_and_bad_json_use_the_error_format(api_client):
+    assert_error(api_client.put("/v1/volumes", {}, format="json"), 405, "method_not_allowed")
+    response = api_client.post("/v1/volumes", "{not json", content_type="application/json")
+    assert_error(response, 400, "parse_error")
+    response = api_client.post("/v1/volumes", {"region": "us-east-1"}, format="json")
+    assert_error(response, 400, "invalid_request", field="name")
+
+
+def test_idempotency_key_replays_the_first_answer(api_client):
+    headers = {"Idempotency-Key": "create-data-1"}
+    first = api_client.post("/v1/volumes", {"name": "data"}, format="json", headers=headers)
+    # The volume is deleted meanwhile: a retry still gets the first answer, not a new volume.
+    api_client.delete(f"/v1/volumes/{first.json()['id']}?force=true")
+    retry = api_client.post("/v1/volumes", {"name": "data"}, format="json", headers=headers)
+    assert (first.status_code, retry.status_code) == (201, 201)
+    assert retry.json() == first.json()
+    assert api_client.get("/v1/volumes").json()["data"] == []
+
+    reused = api_client.post("/v1/volumes", {"name": "other"}, format="json", headers=headers)
+    assert_error(reused, 409, "idempotency_key_reused")
+
+
+def test_idempotency_keys_are_per_workspace(api_client, other_api_client):
+    headers = {"Idempotency-Key": "same-key"}
+    mine = api_client.post("/v1/volumes", {"name": "data"}, format="json", headers=headers)
+    theirs = other_api_client.post("/v1/volumes", {"name": "data"}, format="json", headers=headers)
+    assert mine.json()["id"] != theirs.json()["id"]
+
+
+def test_schema_describes_the_volume_endpoints():
+    response = Client().get("/v1/schema", headers={"Accept": "application/json"})
+    assert response.status_code == 200
+    text = response.content.decode()
+    for path in [
+        "/v1/volumes",
+        "/v1/volumes/{volume_id}/files",
+        "/v1/volumes/{volume_id}/uploads:batch",
+        "/v1/volumes/{volume_id}/uploads:complete",
+        "/v1/volumes/{volume_id}/usage",
+    ]:
+        assert f"{path}:" in text or f'"{path}"' in text, path
+
+
+def test_home_page_and_admin_login_render():
+    client = Client()
+    assert b"/v1/schema" in client.get("/").content
+    assert client.get("/admin/login/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_create_workspace_prints_a_working_key_on_its_last_line():
+    result = run_python(
+        "manage.py",
+        "create_workspace",
+        "Acme Labs",
+        "--credit",
+        "25",
+        env={"DATABASE_URL": _database_url()},
+    )
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.strip().splitlines()[-1]
+    assert key.startswith("veri_sk_") and " " not in key
+    workspace = Workspace.objects.get(name="Acme Labs")
+    assert services.authenticate_api_key(raw_key=key).workspace == workspace
+    assert ApiKey.objects.get(workspace=workspace).secret_hash not in key  # only the hash is kept
+
+
+def _database_url() -> str:
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    return (
+        f"postgres://{settings['USER']}:{settings['PASSWORD']}@{settings['HOST']}:"
+        f"{settings['PORT']}/{settings['NAME']}"
+    )
+
+
+def test_admin_shows_a_new_api_key_once_and_never_stores_it(workspace):
+    User.objects.create_superuser("op", "op@example.com", "pw")
+    client = Client()
+    client.login(username="op", password="pw")
+    response = client.post(
+        "/admin/veri/apikey/add/", {"workspace": workspace.pk, "name": "ci"}, follow=True
+    )
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"]]
+    key = next(word for m in shown for word in m.split() if word.startswith("veri_sk_"))
+    api_key = services.authenticate_api_key(raw_key=key)
+    assert api_key.name == "ci" and api_key.workspace == workspace
+    page = client.get(f"/admin/veri/apikey/{api_key.pk}/change/").content.decode()
+    assert key not in page and key.split("_")[-1] not in page
+
+
+def test_admin_lists_workspaces_and_volumes(workspace, api_client):
+    api_client.post("/v1/volumes", {"name": "corpus"}, format="json")
+    User.objects.create_superuser("op", "op@example.com", "pw")
+    client = Client()
+    client.login(username="op", password="pw")
+    assert "acme" in client.get("/admin/veri/workspace/?q=acme").content.decode()
+    volumes = client.get("/admin/volumes/volume/?q=corpus").content.decode()
+    assert "corpus" in volumes
