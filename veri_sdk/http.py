@@ -97,9 +97,20 @@ class StorageTransport:
             timeout=timeout, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)
         )
 
-    def put(self, url: str, *, length: int, body: Callable[[], Iterator[bytes]]) -> str:
+    def put(
+        self,
+        url: str,
+        *,
+        length: int,
+        body: Callable[[], Iterator[bytes]],
+        headers: dict[str, str] | None = None,
+    ) -> str:
         """PUT `length` bytes from `body()` (called again on each retry); returns the ETag."""
-        headers = {"Content-Length": str(length), "Content-Type": "application/octet-stream"}
+        headers = {
+            **(headers or {}),
+            "Content-Length": str(length),
+            "Content-Type": "application/octet-stream",
+        }
         response = send_with_retries(
             lambda: self.http.put(url, content=body(), headers=headers),
             max_retries=self.max_retries,

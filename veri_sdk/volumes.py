@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -13,7 +14,9 @@ from veri_sdk.errors import VeriAPIError
 from veri_sdk.http import ApiTransport, StorageTransport
 
 CHUNK = 1024 * 1024
-BATCH = 500  # the API's batch limit
+# Files per batch call (the API takes up to 500): smaller batches let the next start and the
+# previous completion overlap the transfers.
+BATCH = 200
 MAX_PARALLEL = 8
 
 OnBytes = Callable[[int], None]
@@ -162,8 +165,8 @@ class Volumes:
         on_total: Callable[[int], None] | None = None,
         max_parallel: int = MAX_PARALLEL,
     ) -> UploadDirResult:
-        """Upload a folder, up to `max_parallel` transfers at once, starting and completing 500
-        files per API call; files already stored with the same size and sha256 are skipped."""
+        """Upload a folder, up to `max_parallel` transfers at once, starting and completing files
+        in batch calls; files already stored with the same size and sha256 are skipped."""
         root = Path(local_dir)
         local_files = sorted(p for p in root.rglob("*") if p.is_file())
         by_path = {
@@ -171,7 +174,9 @@ class Volumes:
             for p in local_files
         }
         result, failures = UploadDirResult([], [], 0), {}
-        with ThreadPoolExecutor(max_parallel) as pool:
+        # API calls go through their own thread, so the next batch's start and the previous
+        # batch's completion overlap with the transfers instead of waiting between them.
+        with ThreadPoolExecutor(max_parallel) as pool, ThreadPoolExecutor(1) as control:
             hashes = pool.map(sha256_file, by_path.values())
             announced = [
                 {"path": path, "size": local.stat().st_size, "sha256": digest}
@@ -180,30 +185,34 @@ class Volumes:
             batches = [announced[i : i + BATCH] for i in range(0, len(announced), BATCH)]
 
             def start(batch: list[dict]) -> list[dict]:
-                return self.api.request(
-                    "POST", f"/volumes/{volume}/uploads:batch", json={"files": batch}
-                )["data"]
+                body = {"files": batch}
+                return self.api.request("POST", f"/volumes/{volume}/uploads:batch", json=body)[
+                    "data"
+                ]
 
-            upcoming = pool.submit(start, batches[0]) if batches else None
+            def complete(completions: list[dict]) -> list[dict]:
+                body = {"uploads": completions}
+                return self.api.request("POST", f"/volumes/{volume}/uploads:complete", json=body)[
+                    "data"
+                ]
+
+            upcoming = control.submit(start, batches[0]) if batches else None
+            completing = []
             for index in range(len(batches)):
                 answers = upcoming.result()
-                # Ask for the next batch's URLs while this one's bytes are in flight.
-                upcoming = (
-                    pool.submit(start, batches[index + 1]) if index + 1 < len(batches) else None
-                )
+                if index + 1 < len(batches):
+                    upcoming = control.submit(start, batches[index + 1])
                 to_send = [a for a in answers if not a.get("skipped")]
                 result.skipped += [a["path"] for a in answers if a.get("skipped")]
                 if on_total:
                     on_total(sum(by_path[a["path"]].stat().st_size for a in to_send))
                 completions, send_failures = self._transfer(pool, to_send, by_path, on_bytes)
                 failures |= send_failures
-                if not completions:
-                    continue
-                finished = self.api.request(
-                    "POST", f"/volumes/{volume}/uploads:complete", json={"uploads": completions}
-                )
-                paths = {a["upload_id"]: a["path"] for a in to_send}
-                for item in finished["data"]:
+                if completions:
+                    paths = {a["upload_id"]: a["path"] for a in to_send}
+                    completing.append((control.submit(complete, completions), paths))
+            for finished, paths in completing:
+                for item in finished.result():
                     if item["ok"]:
                         result.uploaded.append(paths[item["upload_id"]])
                         result.bytes_uploaded += item["file"]["size"]
@@ -227,15 +236,15 @@ class Volumes:
             path = local[answer["path"]]
             size = path.stat().st_size
             if answer["method"] == "single":
-                puts.append(
-                    (answer, None, pool.submit(self._put, answer["url"], path, 0, size, on_bytes))
-                )
+                headers = answer.get("headers") or {}
+                future = pool.submit(self._put, answer["url"], path, 0, size, on_bytes, headers)
+                puts.append((answer, None, future))
                 continue
             part_size = answer["part_size"]
             for part in answer["parts"]:
                 offset = (part["number"] - 1) * part_size
                 length = min(part_size, size - offset)
-                future = pool.submit(self._put, part["url"], path, offset, length, on_bytes)
+                future = pool.submit(self._put_part, part["url"], path, offset, length, on_bytes)
                 puts.append((answer, part["number"], future))
         entries: dict[str, dict] = {}
         failures: dict[str, str] = {}
@@ -251,5 +260,25 @@ class Volumes:
         failed_ids = {a["upload_id"] for a in answers if a["path"] in failures}
         return [e for upload_id, e in entries.items() if upload_id not in failed_ids], failures
 
-    def _put(self, url: str, path: Path, offset: int, length: int, on_bytes: OnBytes | None) -> str:
-        return self.storage.put(url, length=length, body=_reader(path, offset, length, on_bytes))
+    def _put(
+        self,
+        url: str,
+        path: Path,
+        offset: int,
+        length: int,
+        on_bytes: OnBytes | None,
+        headers: dict[str, str],
+    ) -> str:
+        return self.storage.put(
+            url, length=length, body=_reader(path, offset, length, on_bytes), headers=headers
+        )
+
+    def _put_part(
+        self, url: str, path: Path, offset: int, length: int, on_bytes: OnBytes | None
+    ) -> str:
+        """A part goes with its Content-MD5, which the store checks: a corrupted part is refused."""
+        digest = hashlib.md5(usedforsecurity=False)
+        for chunk in _reader(path, offset, length, None)():
+            digest.update(chunk)
+        headers = {"Content-MD5": base64.b64encode(digest.digest()).decode()}
+        return self._put(url, path, offset, length, on_bytes, headers)

@@ -11,7 +11,7 @@ from veri.api import WorkspaceView, paginate
 from veri.errors import Forbidden, NotFound, TooLarge, VeriError
 from volumes import selectors, services
 from volumes.models import UsageSnapshot, Volume, VolumeFile
-from volumes.stores import LocalStore, StoreError, get_store
+from volumes.stores import BadDigest, LocalStore, StoreError, get_store
 
 BATCH_LIMIT = 500
 
@@ -291,21 +291,27 @@ class LocalStoreView(View):
         return super().dispatch(request)
 
     def put(self, request: HttpRequest) -> HttpResponse:
-        claims = self.claims
-        if claims["op"] == "put":
-            etag = self.store.write(claims["key"], request)
-        elif claims["op"] == "part":
-            try:
+        claims, content_md5 = self.claims, request.headers.get("Content-MD5")
+        try:
+            if claims["op"] == "put":
+                etag = self.store.write(
+                    claims["key"], request, sha256=claims.get("sha256"), content_md5=content_md5
+                )
+            elif claims["op"] == "part":
                 etag = self.store.write_part(
                     claims["key"],
                     upload_id=claims["upload_id"],
                     number=claims["number"],
                     stream=request,
+                    content_md5=content_md5,
                 )
-            except StoreError as exc:
-                return JsonResponse(NotFound(str(exc), code="no_such_upload").as_body(), status=404)
-        else:
-            return JsonResponse(Forbidden("This URL does not allow uploads.").as_body(), status=403)
+            else:
+                error = Forbidden("This URL does not allow uploads.")
+                return JsonResponse(error.as_body(), status=403)
+        except BadDigest as exc:
+            return JsonResponse(VeriError(str(exc), code="bad_digest").as_body(), status=400)
+        except StoreError as exc:
+            return JsonResponse(NotFound(str(exc), code="no_such_upload").as_body(), status=404)
         response = HttpResponse(status=200)
         response["ETag"] = f'"{etag}"'
         return response

@@ -1,7 +1,10 @@
+import base64
 import hashlib
 import threading
 from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -190,7 +193,8 @@ def test_size_mismatch_records_nothing(api_client, store_kind):
     assert (got["file_count"], got["total_bytes"]) == (0, 0)
 
 
-def test_checksum_mismatch_keeps_the_file_already_there(api_client, store_kind):
+def test_checksum_mismatch_keeps_the_file_already_there(api_client, settings, local_store_url):
+    settings.VERI_STORE = local_store_url
     volume = create_volume(api_client)
     good = b"good bytes"
     assert upload(api_client, volume["id"], "f.txt", good).status_code == 200
@@ -199,15 +203,40 @@ def test_checksum_mismatch_keeps_the_file_already_there(api_client, store_kind):
         {"path": "f.txt", "size": 10, "sha256": sha(b"other byte")},
         format="json",
     ).json()
-    put_to_url(api_client, started["url"], b"bad  bytes")
+    refused = put_to_url(api_client, started["url"], b"bad  bytes")  # the store checks the sha256
+    assert_error(refused, 400, "bad_digest")
     response = api_client.post(
         f"/v1/volumes/{volume['id']}/uploads/{started['upload_id']}/complete", {}, format="json"
     )
-    assert_error(response, 400, "upload_incomplete")
+    assert "nothing was uploaded" in assert_error(response, 400, "upload_incomplete")["message"]
     file = VolumeFile.objects.get()
     assert (file.sha256, get_store().get_bytes(file.object_key)) == (sha(good), good)
     tasks.reconcile_deleted_volumes()
     assert get_store().get_bytes(file.object_key) == good
+    assert Volume.objects.get().total_bytes == len(good)
+
+
+def test_s3_puts_are_signed_with_the_announced_sha256(api_client, settings, s3_store_url):
+    # moto ignores checksums, so what is asserted is what real S3 enforces: the checksum header
+    # is part of the signature (it cannot be dropped or changed) and the client is told to send it.
+    settings.VERI_STORE = s3_store_url
+    volume = create_volume(api_client)
+    digest = sha(b"payload")
+    answer = api_client.post(
+        f"/v1/volumes/{volume['id']}/files",
+        {"path": "p", "size": 7, "sha256": digest},
+        format="json",
+    ).json()
+    expected = base64.b64encode(bytes.fromhex(digest)).decode()
+    assert answer["headers"] == {"x-amz-checksum-sha256": expected}
+    query = parse_qs(urlsplit(answer["url"]).query)
+    assert "x-amz-checksum-sha256" in query["X-Amz-SignedHeaders"][0].split(";")
+    response = httpx.put(
+        answer["url"],
+        content=b"payload",
+        headers={**answer["headers"], "Content-Type": "application/octet-stream"},
+    )
+    assert response.status_code == 200
 
 
 def test_reupload_replaces_the_file_and_counters_stay_exact(api_client, store_kind):

@@ -1,9 +1,11 @@
 """One suite, both stores: what the upload and reconcile code relies on, through real I/O."""
 
+import base64
 import hashlib
 import json
 import time
 from datetime import UTC, datetime
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -35,13 +37,14 @@ def store(store_kind, db):
 def test_presigned_put_then_head_get_and_sha256(store):
     client = APIClient()
     data = b"hello volumes\n" * 100
-    response = put_to_url(client, absolute(store.presign_put("a/b/file.txt", expires=60)), data)
+    url, headers = store.presign_put("a/b/file.txt", expires=60)
+    assert headers == {}
+    response = put_to_url(client, absolute(url), data)
     assert response.status_code == 200
     assert store.head("a/b/file.txt").size == len(data)
     assert store.head("a/b/missing.txt") is None
     status, body = get_url(client, store.presign_get("a/b/file.txt", expires=60))
     assert (status, body) == (200, data)
-    assert store.sha256("a/b/file.txt") == hashlib.sha256(data).hexdigest()
 
 
 def test_multipart_parts_are_joined_in_order(store, settings):
@@ -99,7 +102,7 @@ def test_local_store_refuses_expired_and_tampered_urls(settings, local_store_url
     settings.VERI_STORE = local_store_url
     store = get_store()
     client = APIClient()
-    expired = store.presign_put("k.txt", expires=-1)
+    expired, _ = store.presign_put("k.txt", expires=-1)
     response = client.put(expired, b"x", content_type="application/octet-stream")
     assert (response.status_code, response.json()["error"]["code"]) == (403, "signature_expired")
 
@@ -112,6 +115,29 @@ def test_local_store_refuses_expired_and_tampered_urls(settings, local_store_url
     get_only = store.presign_get("k.txt", expires=60)
     response = client.put(get_only, b"x", content_type="application/octet-stream")
     assert response.status_code == 403
+
+
+def test_local_store_refuses_bodies_that_miss_their_checksum(settings, local_store_url, db):
+    settings.VERI_STORE = local_store_url
+    store = get_store()
+    client = APIClient()
+    url, _ = store.presign_put("c.txt", expires=60, sha256=hashlib.sha256(b"right").hexdigest())
+    response = client.put(url, b"wrong", content_type="application/octet-stream")
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "bad_digest")
+    assert store.head("c.txt") is None
+    assert client.put(url, b"right", content_type="application/octet-stream").status_code == 200
+
+    upload_id = store.create_multipart("m.bin")
+    part_url = store.presign_part("m.bin", upload_id=upload_id, number=1, expires=60)
+    md5 = base64.b64encode(hashlib.md5(b"part").digest()).decode()
+    bad = client.put(
+        part_url, b"tamp", content_type="application/octet-stream", headers={"Content-MD5": md5}
+    )
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "bad_digest")
+    good = client.put(
+        part_url, b"part", content_type="application/octet-stream", headers={"Content-MD5": md5}
+    )
+    assert good.status_code == 200
 
 
 def test_local_store_serves_byte_ranges(settings, local_store_url, db):
@@ -162,3 +188,37 @@ def test_scoped_read_credentials_send_a_policy_for_that_prefix_only(s3_store_url
     write_policy = json.loads(sent["Policy"])
     assert write_policy["Statement"][0]["Action"][0] == "s3:PutObject"
     assert "s3:GetObject" not in write_policy["Statement"][0]["Action"]
+
+
+@pytest.mark.parametrize(
+    "operation, params, method, extra",
+    [
+        ("get_object", {}, "GET", {}),
+        (
+            "put_object",
+            {"ChecksumSHA256": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg="},
+            "PUT",
+            {"headers": {"x-amz-checksum-sha256": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg="}},
+        ),
+        (
+            "upload_part",
+            {"UploadId": "abc/def+1", "PartNumber": 7},
+            "PUT",
+            {"params": {"uploadId": "abc/def+1", "partNumber": "7"}},
+        ),
+    ],
+)
+def test_fast_presigner_signs_exactly_like_botocore(
+    s3_store_url, settings, operation, params, method, extra
+):
+    settings.VERI_STORE = s3_store_url
+    store = get_store()
+    key = "root/dir with space/ünï~code+plus.txt"
+    theirs = store.client.generate_presigned_url(
+        operation, Params={"Bucket": store.bucket, "Key": key, **params}, ExpiresIn=900
+    )
+    their_query = parse_qs(urlsplit(theirs).query)
+    at = datetime.strptime(their_query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    ours = store.presigner.url(method, key, expires=900, now=at, **extra)
+    assert urlsplit(ours)._replace(query="") == urlsplit(theirs)._replace(query="")
+    assert parse_qs(urlsplit(ours).query) == their_query

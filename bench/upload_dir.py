@@ -1,0 +1,206 @@
+"""`veri volumes upload-dir` against `aws s3 cp --recursive`, `s5cmd cp` and a ceiling (16 threads
+doing plain PUTs straight to the store), all into one moto S3 server started here, in one run.
+
+    .venv/bin/python bench/upload_dir.py [--small 1000] [--large 4] [--large-mib 64]
+
+Prints each time and the ratios (baseline time / Veri time: above 1 means Veri is faster).
+moto is a single-process server, so the small-file set measures its request rate as much as ours.
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import boto3
+import httpx
+from botocore.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BUCKET = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str) -> None:
+    for _ in range(200):
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+def make_files(root: Path, count: int, size: int) -> Path:
+    root.mkdir(parents=True)
+    for i in range(count):
+        (root / f"f{i:05d}.bin").write_bytes(os.urandom(size))
+    return root
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def run_veri(folder: Path, env: dict) -> None:
+    veri = [sys.executable, "-m", "veri_sdk", "volumes", "upload-dir", f"bench-{folder.name}"]
+    subprocess.run([*veri, str(folder)], env=env, check=True, capture_output=True)
+
+
+def run_aws(folder: Path, env: dict, s3_url: str) -> None:
+    subprocess.run(
+        [
+            str(BIN / "aws"),
+            "s3",
+            "cp",
+            "--recursive",
+            "--quiet",
+            str(folder),
+            f"s3://{BUCKET}/aws-{folder.name}/",
+            "--endpoint-url",
+            s3_url,
+        ],
+        env=env,
+        check=True,
+    )
+
+
+def run_s5cmd(folder: Path, env: dict, s3_url: str) -> None:
+    subprocess.run(
+        [
+            str(BIN / "s5cmd"),
+            "--endpoint-url",
+            s3_url,
+            "cp",
+            f"{folder}/*",
+            f"s3://{BUCKET}/s5cmd-{folder.name}/",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+def run_ceiling(folder: Path, s3) -> None:
+    def put(file: Path) -> None:
+        s3.put_object(
+            Bucket=BUCKET, Key=f"ceiling-{folder.name}/{file.name}", Body=file.read_bytes()
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, sorted(folder.iterdir())))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", type=int, default=1000)
+    parser.add_argument("--large", type=int, default=4)
+    parser.add_argument("--large-mib", type=int, default=64)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="veri-bench-"))
+    s3_port, api_port = free_port(), free_port()
+    s3_url, api_url = f"http://127.0.0.1:{s3_port}", f"http://127.0.0.1:{api_port}"
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_url,
+        "VERI_STORE": f"s3://{BUCKET}/veri",
+        "DATABASE_URL": f"sqlite:///{work / 'db.sqlite3'}",
+    }
+    processes = [
+        subprocess.Popen(
+            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
+    try:
+        wait_for(f"{s3_url}/moto-api/")
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=s3_url,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            config=Config(signature_version="s3v4", max_pool_connections=32),
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        manage = [sys.executable, str(REPO / "manage.py")]
+        subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
+        key = (
+            subprocess.run(
+                [*manage, "create_workspace", "bench"],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        processes.append(
+            subprocess.Popen(
+                [*manage, "runserver", f"127.0.0.1:{api_port}", "--noreload"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        wait_for(f"{api_url}/v1/schema")
+        cli_env = {**env, "VERI_API_URL": api_url, "VERI_API_KEY": key}
+
+        sets = [
+            (f"{args.small} x 4 KiB", make_files(work / "small", args.small, 4096)),
+            (
+                f"{args.large} x {args.large_mib} MiB",
+                make_files(work / "large", args.large, args.large_mib * 1024**2),
+            ),
+        ]
+        for label, folder in sets:
+            # Like the bucket the other tools write into, the volume exists before timing starts.
+            create = [sys.executable, "-m", "veri_sdk", "volumes", "create", f"bench-{folder.name}"]
+            subprocess.run(create, env=cli_env, check=True, capture_output=True)
+            runs = {
+                "veri upload-dir": partial(run_veri, folder, cli_env),
+                "aws s3 cp": partial(run_aws, folder, env, s3_url),
+                "s5cmd cp": partial(run_s5cmd, folder, env, s3_url),
+                "ceiling (16 PUT threads)": partial(run_ceiling, folder, s3),
+            }
+            times = {name: timed(run) for name, run in runs.items()}
+            total = sum(f.stat().st_size for f in folder.iterdir())
+            print(f"\n{label} ({total / 1024**2:.1f} MiB)")
+            for name, seconds in times.items():
+                print(f"  {name:26s} {seconds:7.2f} s  {total / 1024**2 / seconds:8.1f} MiB/s")
+            veri_time = times["veri upload-dir"]
+            print(
+                f"  ratio vs aws s3 cp  : {times['aws s3 cp'] / veri_time:.2f}x (>1: veri faster)"
+            )
+            print(f"  ratio vs s5cmd      : {times['s5cmd cp'] / veri_time:.2f}x")
+            print(f"  share of ceiling    : {times['ceiling (16 PUT threads)'] / veri_time:.2f}")
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

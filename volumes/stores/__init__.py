@@ -1,0 +1,44 @@
+"""Object stores behind one small interface: `S3Store` (any S3 API) and `LocalStore` (a folder).
+
+Keys are relative to the store's root prefix. Presigned URLs let clients move bytes without the
+control plane in the path; `LocalStore`'s are HMAC-signed URLs that the control plane serves.
+"""
+
+from functools import cache
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from volumes.stores.base import BadDigest, ObjectStore, StoredObject, StoreError
+from volumes.stores.local import LocalStore
+from volumes.stores.s3 import S3Store
+
+__all__ = [
+    "BadDigest",
+    "LocalStore",
+    "ObjectStore",
+    "S3Store",
+    "StoreError",
+    "StoredObject",
+    "get_store",
+    "store_from_url",
+]
+
+
+def store_from_url(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        return S3Store(parts.netloc, parts.path, endpoint_url=endpoint_url)
+    if parts.scheme == "file":
+        return LocalStore(parts.path)
+    raise ValueError(f"VERI_STORE must be file:///path or s3://bucket/prefix, not {url!r}")
+
+
+@cache
+def _store_for(url: str, endpoint_url: str | None) -> ObjectStore:
+    return store_from_url(url, endpoint_url=endpoint_url)
+
+
+def get_store() -> ObjectStore:
+    """The configured store; built on first use (not at import) and kept per setting value."""
+    return _store_for(settings.VERI_STORE, settings.AWS_ENDPOINT_URL)

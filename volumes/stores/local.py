@@ -1,0 +1,227 @@
+"""`LocalStore`: a folder as an object store, with HMAC-signed URLs served by the control plane."""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.core import signing
+from django.urls import reverse
+
+from volumes.stores.base import (
+    HASH_CHUNK,
+    BadDigest,
+    MultipartInProgress,
+    ObjectStore,
+    StoredObject,
+    StoreError,
+)
+
+SIGNING_SALT = "veri.localstore"
+
+
+class LocalStore(ObjectStore):
+    """A folder as an object store, for the embedded default. Writes are atomic (temp + rename)."""
+
+    def __init__(self, root: str):
+        self.root = Path(root)
+        self.objects = self.root / "objects"
+        self.multipart = self.root / "multipart"
+
+    def _path(self, key: str) -> Path:
+        path = (self.objects / key).resolve()
+        if not path.is_relative_to(self.objects.resolve()):
+            raise StoreError(f"key {key!r} leaves the store")
+        return path
+
+    def sign(self, **claims) -> str:
+        return reverse(
+            "local-store", args=[signing.dumps(claims, salt=SIGNING_SALT, compress=True)]
+        )
+
+    @staticmethod
+    def verify(token: str) -> dict:
+        """The claims of a URL token; raises StoreError when tampered with or expired."""
+        try:
+            claims = signing.loads(token, salt=SIGNING_SALT)
+        except signing.BadSignature:
+            raise StoreError("invalid_signature") from None
+        if claims["exp"] < time.time():
+            raise StoreError("signature_expired")
+        return claims
+
+    def presign_put(
+        self, key: str, *, expires: int, sha256: str | None = None
+    ) -> tuple[str, dict[str, str]]:
+        return self.sign(op="put", key=key, sha256=sha256, exp=time.time() + expires), {}
+
+    def presign_get(self, key: str, *, expires: int) -> str:
+        return self.sign(op="get", key=key, exp=time.time() + expires)
+
+    def create_multipart(self, key: str) -> str:
+        upload_id = uuid.uuid4().hex
+        folder = self.multipart / upload_id
+        folder.mkdir(parents=True)
+        meta = {"key": key, "initiated": datetime.now(UTC).isoformat()}
+        (folder / "meta.json").write_text(json.dumps(meta))
+        return upload_id
+
+    def presign_part(self, key: str, *, upload_id: str, number: int, expires: int) -> str:
+        return self.sign(
+            op="part", key=key, upload_id=upload_id, number=number, exp=time.time() + expires
+        )
+
+    def _upload_folder(self, key: str, upload_id: str) -> Path:
+        folder = self.multipart / upload_id
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+        except (FileNotFoundError, ValueError):
+            raise StoreError(f"no multipart upload {upload_id}") from None
+        if meta["key"] != key:
+            raise StoreError(f"multipart upload {upload_id} is not for {key}")
+        return folder
+
+    def write_part(
+        self, key: str, *, upload_id: str, number: int, stream, content_md5: str | None = None
+    ) -> str:
+        folder = self._upload_folder(key, upload_id)
+        return self._write(folder / f"{number:05d}.part", stream, content_md5=content_md5)
+
+    def complete_multipart(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> None:
+        folder = self._upload_folder(key, upload_id)
+        paths = []
+        for number, etag in sorted(parts):
+            path = folder / f"{number:05d}.part"
+            if not path.exists():
+                raise StoreError(f"part {number} was never uploaded")
+            if _md5_file(path) != etag.strip('"'):
+                raise StoreError(f"part {number} does not match its ETag")
+            paths.append(path)
+
+        def joined():
+            for path in paths:
+                with path.open("rb") as part:
+                    yield from iter(lambda: part.read(HASH_CHUNK), b"")
+
+        self._write(self._path(key), _IterStream(joined()))
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def abort_multipart(self, key: str, *, upload_id: str) -> None:
+        shutil.rmtree(self.multipart / upload_id, ignore_errors=True)
+
+    def list_multipart(self, prefix: str) -> list[MultipartInProgress]:
+        found = []
+        if not self.multipart.exists():
+            return found
+        for folder in self.multipart.iterdir():
+            try:
+                meta = json.loads((folder / "meta.json").read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+            if meta["key"].startswith(prefix):
+                initiated = datetime.fromisoformat(meta["initiated"])
+                found.append(MultipartInProgress(meta["key"], folder.name, initiated))
+        return found
+
+    def head(self, key: str) -> StoredObject | None:
+        path = self._path(key)
+        return StoredObject(key, path.stat().st_size) if path.is_file() else None
+
+    def iter_objects(self, prefix: str) -> Iterator[StoredObject]:
+        # Walk only the deepest folder named by the prefix, then filter on the rest.
+        base = self.objects / prefix[: prefix.rfind("/") + 1] if "/" in prefix else self.objects
+        if not base.is_dir():
+            return
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                key = path.relative_to(self.objects).as_posix()
+                if key.startswith(prefix) and not name.startswith(".tmp-"):
+                    yield StoredObject(key, path.stat().st_size)
+
+    def open(self, key: str):
+        try:
+            return self._path(key).open("rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise StoreError(f"{key}: no such object") from None
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._write(self._path(key), _IterStream(iter([data])))
+
+    def write(
+        self, key: str, stream, *, sha256: str | None = None, content_md5: str | None = None
+    ) -> str:
+        return self._write(self._path(key), stream, sha256=sha256, content_md5=content_md5)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            # Remove folders the delete left empty, up to the store root.
+            for parent in path.parents:
+                if parent == self.objects or not parent.is_relative_to(self.objects):
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+
+    @staticmethod
+    def _write(
+        path: Path, stream, *, sha256: str | None = None, content_md5: str | None = None
+    ) -> str:
+        """Write atomically; returns the MD5 hex digest (the ETag S3 would give). Like S3, refuses
+        (`BadDigest`) a body that does not match the SHA-256 or Content-MD5 it was sent with."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(HASH_CHUNK):
+                    md5.update(chunk)
+                    sha.update(chunk)
+                    out.write(chunk)
+            if sha256 and sha.hexdigest() != sha256:
+                raise BadDigest(f"the body's SHA-256 is {sha.hexdigest()}, not {sha256}")
+            if content_md5 and base64.b64encode(md5.digest()).decode() != content_md5:
+                raise BadDigest("the body does not match its Content-MD5")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return md5.hexdigest()
+
+
+class _IterStream:
+    """A `read(n)` stream over an iterator of byte chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks, self.buffer = chunks, b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.buffer) < size:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.buffer += chunk
+        if size < 0:
+            data, self.buffer = self.buffer, b""
+        else:
+            data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+
+def _md5_file(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,250 @@
+"""`S3Store`: any S3 API (AWS, MinIO, Runpod S3, moto) through boto3."""
+
+import base64
+import hashlib
+import hmac
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from urllib.parse import quote, urlsplit
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from django.conf import settings
+
+from volumes.stores.base import (
+    DELETE_BATCH,
+    MultipartInProgress,
+    ObjectStore,
+    StoredObject,
+    StoreError,
+)
+
+
+class S3Store(ObjectStore):
+    def __init__(self, bucket: str, root: str = "", *, endpoint_url: str | None = None):
+        self.bucket, self.root = bucket, root.strip("/") + "/" if root.strip("/") else ""
+        config = Config(
+            signature_version="s3v4",
+            retries={"max_attempts": 5, "mode": "standard"},
+            max_pool_connections=32,
+        )
+        session = boto3.session.Session(region_name=settings.AWS_REGION)
+        self.endpoint_url = endpoint_url
+        self.client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self.sts = session.client("sts", endpoint_url=endpoint_url)
+        self.presigner = Presigner(self.client, session, bucket)
+
+    def _key(self, key: str) -> str:
+        return self.root + key
+
+    def _unkey(self, full: str) -> str:
+        return full[len(self.root) :]
+
+    def presign_put(
+        self, key: str, *, expires: int, sha256: str | None = None
+    ) -> tuple[str, dict[str, str]]:
+        headers = {"x-amz-checksum-sha256": _b64(sha256)} if sha256 else {}
+        return self.presigner.url("PUT", self._key(key), expires=expires, headers=headers), headers
+
+    def presign_get(self, key: str, *, expires: int) -> str:
+        return self.presigner.url("GET", self._key(key), expires=expires)
+
+    def create_multipart(self, key: str) -> str:
+        answer = self.client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key))
+        return answer["UploadId"]
+
+    def presign_part(self, key: str, *, upload_id: str, number: int, expires: int) -> str:
+        params = {"partNumber": str(number), "uploadId": upload_id}
+        return self.presigner.url("PUT", self._key(key), expires=expires, params=params)
+
+    def complete_multipart(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> None:
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                UploadId=upload_id,
+                MultipartUpload={
+                    "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in sorted(parts)]
+                },
+            )
+        except ClientError as exc:
+            raise StoreError(exc.response["Error"].get("Message") or str(exc)) from exc
+
+    def abort_multipart(self, key: str, *, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "NoSuchUpload":
+                raise
+
+    def list_multipart(self, prefix: str) -> list[MultipartInProgress]:
+        found = []
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            for upload in page.get("Uploads", []):
+                found.append(
+                    MultipartInProgress(
+                        self._unkey(upload["Key"]), upload["UploadId"], upload["Initiated"]
+                    )
+                )
+        return found
+
+    def head(self, key: str) -> StoredObject | None:
+        try:
+            answer = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in {"404", "NoSuchKey", "NotFound"}:
+                return None
+            raise
+        return StoredObject(key, answer["ContentLength"], answer.get("ETag", "").strip('"'))
+
+    def iter_objects(self, prefix: str) -> Iterator[StoredObject]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            for item in page.get("Contents", []):
+                yield StoredObject(self._unkey(item["Key"]), item["Size"], item["ETag"].strip('"'))
+
+    def open(self, key: str):
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except ClientError as exc:
+            raise StoreError(f"{key}: {exc.response['Error'].get('Message') or exc}") from exc
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = [{"Key": self._key(k)} for k in keys[start : start + DELETE_BATCH]]
+            answer = self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+            )
+            if answer.get("Errors"):
+                first = answer["Errors"][0]
+                raise StoreError(f"could not delete {first['Key']}: {first.get('Message')}")
+
+    def scoped_policy(self, prefix: str, *, write: bool) -> dict:
+        """An STS session policy: read-only (or write-only) on one prefix of the bucket."""
+        full = self._key(prefix)
+        objects = f"arn:aws:s3:::{self.bucket}/{full}*"
+        if write:
+            actions = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+            return {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": actions, "Resource": [objects]}],
+            }
+        return {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [objects]},
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:ListBucket"],
+                    "Resource": [f"arn:aws:s3:::{self.bucket}"],
+                    "Condition": {"StringLike": {"s3:prefix": [f"{full}*"]}},
+                },
+            ],
+        }
+
+    def scoped_credentials(self, prefix: str, *, ttl: int = 1800, write: bool = False) -> dict:
+        """Short-lived credentials limited to `prefix` (read-only unless `write`)."""
+        answer = self.sts.assume_role(
+            RoleArn=settings.VERI_STS_ROLE_ARN,
+            RoleSessionName=f"veri-{uuid.uuid4().hex[:16]}",
+            Policy=json.dumps(self.scoped_policy(prefix, write=write)),
+            DurationSeconds=max(ttl, 900),  # STS's minimum
+        )
+        creds = answer["Credentials"]
+        return {
+            "kind": "s3",
+            "access_key_id": creds["AccessKeyId"],
+            "secret_access_key": creds["SecretAccessKey"],
+            "session_token": creds["SessionToken"],
+            "expiration": creds["Expiration"].isoformat(),
+            "bucket": self.bucket,
+            "prefix": self._key(prefix),
+            "endpoint_url": self.endpoint_url,
+            "region": settings.AWS_REGION,
+        }
+
+
+def _b64(hex_digest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+class Presigner:
+    """SigV4 query-string presigning, ~50x faster than botocore's (whose generic request pipeline
+    costs ~1.4 ms a URL; a batch of 500 uploads would wait 0.7 s on it). The URL layout (path- or
+    virtual-hosted style) is botocore's own, read once from one URL it presigns."""
+
+    def __init__(self, client, session: boto3.session.Session, bucket: str):
+        probe = urlsplit(
+            client.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": "__probe__"}, ExpiresIn=60
+            )
+        )
+        self.scheme, self.host = probe.scheme, probe.netloc
+        self.path_prefix = probe.path.removesuffix("__probe__")
+        self.region, self.session = client.meta.region_name, session
+        self._keys: dict[tuple[str, str], bytes] = {}
+
+    def _signing_key(self, secret: str, date: str) -> bytes:
+        if (secret, date) not in self._keys:
+            key = f"AWS4{secret}".encode()
+            for part in (date, self.region, "s3", "aws4_request"):
+                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+            self._keys = {(secret, date): key}  # one day's key is all that is ever needed
+        return self._keys[(secret, date)]
+
+    def url(
+        self,
+        method: str,
+        key: str,
+        *,
+        expires: int,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+        now: datetime | None = None,
+    ) -> str:
+        creds = self.session.get_credentials().get_frozen_credentials()
+        now = now or datetime.now(UTC)
+        amz_date, date = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        scope = f"{date}/{self.region}/s3/aws4_request"
+        signed = {"host": self.host, **{k.lower(): v.strip() for k, v in (headers or {}).items()}}
+        signed_names = ";".join(sorted(signed))
+        query = {
+            **(params or {}),
+            "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
+            "X-Amz-Credential": f"{creds.access_key}/{scope}",
+            "X-Amz-Date": amz_date,
+            "X-Amz-Expires": str(expires),
+            "X-Amz-SignedHeaders": signed_names,
+        }
+        if creds.token:
+            query["X-Amz-Security-Token"] = creds.token
+        canonical_query = "&".join(
+            f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(query.items())
+        )
+        path = self.path_prefix + quote(key, safe="/~")
+        canonical_headers = "".join(f"{name}:{signed[name]}\n" for name in sorted(signed))
+        canonical_request = "\n".join(
+            [method, path, canonical_query, canonical_headers, signed_names, "UNSIGNED-PAYLOAD"]
+        )
+        to_sign = "\n".join(
+            [
+                "AWS4-HMAC-SHA256",
+                amz_date,
+                scope,
+                hashlib.sha256(canonical_request.encode()).hexdigest(),
+            ]
+        )
+        signature = hmac.new(
+            self._signing_key(creds.secret_key, date), to_sign.encode(), hashlib.sha256
+        ).hexdigest()
+        return f"{self.scheme}://{self.host}{path}?{canonical_query}&X-Amz-Signature={signature}"
