@@ -119,3 +119,9 @@ def test_admin_lists_workspaces_and_volumes(workspace, api_client):
     assert "acme" in client.get("/admin/veri/workspace/?q=acme").content.decode()
     volumes = client.get("/admin/volumes/volume/?q=corpus").content.decode()
     assert "corpus" in volumes
+
+
+def test_admin_css_is_served_with_debug_off(settings):
+    assert settings.DEBUG is False
+    response = Client().get("/static/admin/css/base.css")
+    assert response.status_code == 200
