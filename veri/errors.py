@@ -34,6 +34,10 @@ class TooLarge(VeriError):
     status, code = 413, "too_large"
 
 
+class PaymentRequired(VeriError):
+    status, code = 402, "billing_account_required"
+
+
 class Forbidden(VeriError):
     status, code = 403, "forbidden"
 

@@ -1,6 +1,7 @@
 """Settings, read once from the environment; every default works on one machine."""
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -170,3 +171,21 @@ VERI_MULTIPART_PART_SIZE = int(env("VERI_MULTIPART_PART_SIZE", str(64 * 1024**2)
 VERI_PRESIGN_TTL_SECONDS = int(env("VERI_PRESIGN_TTL_SECONDS", "3600"))
 VERI_DEFAULT_REGION = env("VERI_DEFAULT_REGION", "us-east-1")
 VERI_STALE_UPLOAD_SECONDS = int(env("VERI_STALE_UPLOAD_SECONDS", str(24 * 3600)))
+
+# Training and providers
+VERI_PUBLIC_URL = env("VERI_PUBLIC_URL", "http://127.0.0.1:8000")  # what workers call back
+VERI_DATASET_MAX_BYTES = int(env("VERI_DATASET_MAX_BYTES", str(100 * 1024**2)))
+VERI_DEFAULT_PROVIDER = env("VERI_DEFAULT_PROVIDER")
+VERI_PROVIDER_ADAPTERS = {"local": "providers.local.LocalProvider"}
+VERI_LOCAL_PRICE_PER_HOUR = env("VERI_LOCAL_PRICE_PER_HOUR", "0.10")
+VERI_LOCAL_SLOTS = int(env("VERI_LOCAL_SLOTS", "1"))
+VERI_LOCAL_INSTANCES_DIR = env("VERI_LOCAL_INSTANCES_DIR") or str(STATE_DIR / "instances")
+VERI_LOCAL_WORKER_COMMAND = (
+    env("VERI_LOCAL_WORKER_COMMAND") or f"{sys.executable} -m worker"
+).split()
+VERI_PROVISIONING_TIMEOUT_SECONDS = int(env("VERI_PROVISIONING_TIMEOUT_SECONDS", "900"))
+VERI_CONFIGURING_TIMEOUT_SECONDS = int(env("VERI_CONFIGURING_TIMEOUT_SECONDS", "1800"))
+VERI_WORKER_SILENT_SECONDS = int(env("VERI_WORKER_SILENT_SECONDS", "900"))
+VERI_LOG_ARCHIVE_SECONDS = int(env("VERI_LOG_ARCHIVE_SECONDS", "10"))
+VERI_WATCH_PERIOD_SECONDS = float(env("VERI_WATCH_PERIOD_SECONDS", "5"))
+VERI_JOB_TOKEN_TTL_SECONDS = int(env("VERI_JOB_TOKEN_TTL_SECONDS", str(14 * 24 * 3600)))

@@ -5,11 +5,15 @@ from django.views.defaults import server_error as html_server_error
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView
 
+from providers.api import GpusView, RegionsView
 from veri import errors
 
 v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("", include("volumes.urls")),
+    path("", include("training.urls")),
+    path("regions", RegionsView.as_view()),
+    path("gpus", GpusView.as_view()),
     re_path(r"^.*$", errors.not_found),  # unknown /v1 routes answer in the API's error format
 ]
 

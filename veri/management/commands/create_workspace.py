@@ -1,5 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from billing.services import open_billing_account
 from veri import services
 
 
@@ -12,21 +14,22 @@ class Command(BaseCommand):
             "--credit",
             type=str,
             default=None,
-            help="starting credit in USD (taken once billing accounts exist)",
+            help="starting credit in USD (applied once the billing ledger exists)",
         )
         parser.add_argument(
             "--no-billing",
             action="store_true",
-            help="create the workspace without a billing account",
+            help="no billing account: the workspace cannot submit training jobs (402)",
         )
 
     def handle(self, *args, name: str, credit: str | None, no_billing: bool, **options):
         if credit is not None and no_billing:
             raise CommandError("--credit needs a billing account; drop --no-billing.")
-        workspace, api_key = services.create_workspace(name=name)
+        with transaction.atomic():
+            workspace, api_key = services.create_workspace(name=name)
+            if not no_billing:
+                open_billing_account(workspace=workspace)
         self.stderr.write(f"Created workspace {workspace.name} ({workspace.public_id}).")
         if credit is not None:
-            self.stderr.write(
-                "Note: --credit is not applied yet; billing accounts arrive with billing."
-            )
+            self.stderr.write("Note: --credit is not applied yet; the ledger arrives with billing.")
         self.stdout.write(api_key)

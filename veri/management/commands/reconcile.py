@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from training import tasks as training_tasks
 from volumes import tasks as volume_tasks
 
 
@@ -11,6 +12,8 @@ class Command(BaseCommand):
             ("reconcile_deleted_volumes", volume_tasks.reconcile_deleted_volumes),
             ("abort_stale_uploads", volume_tasks.abort_stale_uploads),
             ("take_usage_snapshots", volume_tasks.take_usage_snapshots),
+            ("check_jobs", training_tasks.check_jobs),
+            ("archive_running_logs", training_tasks.archive_running_logs),
         ]
         for name, task in runs:
             self.stdout.write(f"{name}: {task()}")

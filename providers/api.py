@@ -1,0 +1,62 @@
+"""`/v1/regions` and `/v1/gpus`: the catalog, and which providers this deployment can use."""
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from providers import catalog
+from providers.services import default_provider, is_usable
+from veri.api import WorkspaceView
+from veri.errors import VeriError
+
+
+class RegionsView(WorkspaceView):
+    @extend_schema(responses=serializers.DictField())
+    def get(self, request: Request) -> Response:
+        default = catalog.default_region()
+        return Response(
+            {
+                "data": [
+                    {
+                        "code": r.code,
+                        "name": r.name,
+                        "default": r.code == default,
+                        "coming_soon": r.coming_soon,
+                    }
+                    for r in catalog.REGIONS
+                ]
+            }
+        )
+
+
+class GpusView(WorkspaceView):
+    @extend_schema(
+        parameters=[OpenApiParameter("provider", str)], responses=serializers.DictField()
+    )
+    def get(self, request: Request) -> Response:
+        wanted = request.query_params.get("provider")
+        specs = catalog.providers()
+        if wanted:
+            specs = [s for s in specs if s.name == wanted]
+            if not specs:
+                raise VeriError(
+                    f"Unknown provider {wanted!r}.", field="provider", code="invalid_provider"
+                )
+        default = default_provider()
+        rows = []
+        for spec in specs:
+            for gpu in spec.gpus:
+                rows.append(
+                    {
+                        "provider": spec.name,
+                        "usable": is_usable(spec.name),
+                        "default_provider": spec.name == default,
+                        "gpu_type": gpu.name,
+                        "memory_gb": gpu.memory_gb,
+                        "max_count": gpu.max_count,
+                        "price_per_gpu_hour_usd": gpu.price_per_gpu_hour,
+                        "regions": sorted(spec.zones),
+                    }
+                )
+        return Response({"data": rows})

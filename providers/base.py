@@ -1,0 +1,62 @@
+"""What every provider adapter does: launch a worker in a zone, report on it, terminate it."""
+
+from dataclasses import dataclass, field
+
+
+class ProviderError(Exception):
+    """A launch the provider refused; subclasses say why."""
+
+
+class CapacityError(ProviderError):
+    """No capacity for this shape in this zone: try the next zone."""
+
+
+class QuotaError(ProviderError):
+    """Veri's own account limit on this provider is full (a platform problem)."""
+
+
+class FundsError(ProviderError):
+    """Veri's prepaid balance with this provider ran out (a platform problem)."""
+
+
+class NoFreeSlot(ProviderError):
+    """Every slot is busy: the job waits in `queued` and is tried again."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    job_id: str
+    region: str
+    zone: str
+    gpu_type: str
+    gpu_count: int
+    api_url: str
+    env: dict[str, str] = field(default_factory=dict)  # the worker's environment, token included
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    alive: bool
+    reason: str | None = (
+        None  # why it ended, when the provider says: "reclaimed", "max_run_duration"
+    )
+
+
+class ProviderAdapter:
+    name: str
+
+    def is_configured(self) -> bool:
+        """Whether this deployment has what the adapter needs (credentials) to launch."""
+        raise NotImplementedError
+
+    def launch(self, spec: LaunchSpec) -> str:
+        """Start an instance running the worker; returns the provider's instance id."""
+        raise NotImplementedError
+
+    def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
+        """One call for many instances (watchdogs ask about every active job each tick)."""
+        raise NotImplementedError
+
+    def terminate(self, instance_id: str) -> None:
+        """Stop the instance and everything on it; terminating a gone instance is fine."""
+        raise NotImplementedError

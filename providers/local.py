@@ -1,0 +1,84 @@
+"""The `local` provider: each "instance" is a host process on this machine (see local_host.py)
+running the worker. Instance ids are `<pid>:<start time>`, so a reused pid is never mistaken for
+the instance."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+
+from providers.base import InstanceState, LaunchSpec, ProviderAdapter
+
+HOST_SCRIPT = Path(__file__).with_name("local_host.py")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+class LocalProvider(ProviderAdapter):
+    name = "local"
+
+    def is_configured(self) -> bool:
+        return True
+
+    def instance_dir(self, job_id: str) -> Path:
+        return Path(settings.VERI_LOCAL_INSTANCES_DIR) / job_id
+
+    def launch(self, spec: LaunchSpec) -> str:
+        folder = self.instance_dir(spec.job_id)
+        (folder / "mnt").mkdir(parents=True, exist_ok=True)
+        command = [
+            *settings.VERI_LOCAL_WORKER_COMMAND,
+            "run",
+            "--job",
+            spec.job_id,
+            "--api",
+            spec.api_url,
+        ]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", str(folder)),
+            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+            "VERI_MOUNT_ROOT": str(folder / "mnt"),
+            "VERI_WORK_DIR": str(folder / "work"),
+            **spec.env,
+        }
+        if spec.gpu_type == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        host = subprocess.Popen(
+            [sys.executable, str(HOST_SCRIPT), str(folder / "worker.log"), "--", *command],
+            env=env,
+            cwd=settings.BASE_DIR,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        return f"{host.pid}:{_start_time(host.pid)}"
+
+    def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
+        return {iid: InstanceState(alive=self._alive(iid)) for iid in instance_ids}
+
+    def terminate(self, instance_id: str) -> None:
+        if not self._alive(instance_id):
+            return
+        pid = int(instance_id.split(":")[0])
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # reap it when this process launched it, so no zombie is left
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+    @staticmethod
+    def _alive(instance_id: str) -> bool:
+        pid, _, started = instance_id.partition(":")
+        return _start_time(int(pid)) == started

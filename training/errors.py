@@ -1,0 +1,235 @@
+"""The failure catalog: every `error.code` a job can end with, who it belongs to, what billing
+does about it, and what to do. Nothing else decides attribution or billing."""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Attribution(StrEnum):
+    CUSTOMER = "customer"
+    PLATFORM = "platform"
+    PENDING = "pending"  # unclear from the evidence: an operator reviews it
+
+
+class Billing(StrEnum):
+    CHARGE = "charged"
+    REFUND = "credited automatically"
+    REVIEW = "reviewed before credit"
+    NONE = "nothing billed"
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    code: str
+    attribution: Attribution
+    billing: Billing
+    cause: str
+    hint: str  # the "what to do" sentence
+
+
+C, P, Q = Attribution.CUSTOMER, Attribution.PLATFORM, Attribution.PENDING
+
+CATALOG: dict[str, JobError] = {
+    e.code: e
+    for e in (
+        JobError(
+            "oom",
+            C,
+            Billing.CHARGE,
+            "Model too large for the chosen GPU",
+            "Drop to a smaller base, raise `gpu_count`, or shrink `max_response_length`.",
+        ),
+        JobError(
+            "CAPACITY_UNAVAILABLE",
+            C,
+            Billing.NONE,
+            "No GPU capacity for the requested type in any availability zone, after trying "
+            "every capable zone (`max_launch_attempts`)",
+            "Retry later, pick a different `gpu_type`, or launch in another region "
+            '(`veri regions list`, then `region="..."`). Capacity is provider-side and not '
+            "pre-checkable.",
+        ),
+        JobError(
+            "QUOTA_EXCEEDED",
+            P,
+            Billing.NONE,
+            "Veri's own account limit on the provider is full. A platform limit, not your "
+            "account. Nothing booted and nothing is billed",
+            "Retry in a few minutes, or resubmit with a shape the message names after `or use:`.",
+        ),
+        JobError(
+            "PROVIDER_OUT_OF_FUNDS",
+            P,
+            Billing.NONE,
+            "The provider refused the launch because Veri's own prepaid balance with it ran "
+            "out. A platform problem, not your account. Nothing booted and nothing is billed",
+            "Retry later, or resubmit with a shape the message names after `or use:`.",
+        ),
+        JobError(
+            "launch_timeout",
+            P,
+            Billing.NONE,
+            "The provider's GPU launch did not finish within its time limit and was stopped",
+            "Re-submit; if it keeps happening, try another provider or `gpu_type`.",
+        ),
+        JobError(
+            "provisioning_error",
+            P,
+            Billing.REFUND,
+            "The instance booted but the worker did not come up",
+            "Re-submit; if persistent, try a different `gpu_type`.",
+        ),
+        JobError(
+            "provisioning_timeout",
+            P,
+            Billing.REFUND,
+            "The instance never reached a running worker within the provisioning deadline",
+            "Re-submit; capacity or boot was too slow.",
+        ),
+        JobError(
+            "configuring_timeout",
+            P,
+            Billing.REFUND,
+            "The worker booted but made no training progress within the configuring deadline",
+            "Re-submit; if persistent, check the full log via "
+            "`GET /v1/training_jobs/{id}/logs/full`.",
+        ),
+        JobError(
+            "heartbeat_timeout",
+            C,
+            Billing.CHARGE,
+            "Worker stopped reporting status for longer than `heartbeat_timeout_seconds` "
+            "(likely OOM-killed or network dropped)",
+            "Re-submit; if persistent, raise `gpu_count`.",
+        ),
+        JobError(
+            "worker_failed",
+            P,
+            Billing.REVIEW,
+            "The worker on the instance stopped reporting for more than 15 minutes, or the "
+            "instance ended before the worker reported a result",
+            "Re-submit, or resume from the newest checkpoint with `resume_from` "
+            "(`veri jobs resume <id>`); if it repeats, report the job id.",
+        ),
+        JobError(
+            "training_error",
+            C,
+            Billing.CHARGE,
+            "Worker crash, reward function error, or dataset loading error",
+            "Read `error.message` and the full log via `GET /v1/training_jobs/{id}/logs/full`.",
+        ),
+        JobError(
+            "distributed_error",
+            Q,
+            Billing.REVIEW,
+            "Multi-GPU job: the GPUs stopped talking to each other (NCCL error, collective "
+            "timeout, rendezvous failure)",
+            "Re-submit once; if it repeats on the same configuration, report the job id.",
+        ),
+        JobError(
+            "training_stalled",
+            C,
+            Billing.CHARGE,
+            "Multi-GPU job: no progress line for the longer of 10 minutes and three times the "
+            "median step time",
+            "Check the log tail (it carries each GPU's stack); lower `micro_batch_size` or the "
+            "sequence length.",
+        ),
+        JobError(
+            "hardware_error",
+            P,
+            Billing.REFUND,
+            "The box failed a hardware check (missing GPU, memory errors)",
+            "Re-submit; this one is on the platform.",
+        ),
+        JobError(
+            "upload_failed",
+            P,
+            Billing.REVIEW,
+            "Training finished, but files of the final model could not be uploaded to Veri storage",
+            "Re-submit; this one is on the platform, and the run is reviewed for a credit.",
+        ),
+        JobError(
+            "provider_reclaimed",
+            P,
+            Billing.REFUND,
+            "The provider deleted or stopped the VM (host error, maintenance, preemption) "
+            "before the job finished",
+            "Resume from the newest checkpoint with `resume_from` (`veri jobs resume <id>`).",
+        ),
+        JobError(
+            "max_run_duration_reached",
+            C,
+            Billing.CHARGE,
+            "The provider ended the VM at its 24-hour maximum run duration",
+            "Lower `max_steps` or split the run; resume from the newest checkpoint with "
+            "`resume_from`.",
+        ),
+        JobError(
+            "config_error",
+            C,
+            Billing.CHARGE,
+            "The job's configuration cannot run (a hyperparameter combination the trainer "
+            "refuses, or an option this machine cannot do)",
+            "Read `error.message`, fix the named setting, and re-submit.",
+        ),
+        JobError(
+            "dependency_error",
+            C,
+            Billing.CHARGE,
+            "A package the job needs is missing or failed to import",
+            "Read `error.message` for the package; remove the import or pick a supported one.",
+        ),
+        JobError(
+            "volume_sync_incomplete",
+            P,
+            Billing.REFUND,
+            "Files of a mounted volume did not arrive complete on the worker",
+            "Re-submit; the message names the files that were missing.",
+        ),
+        JobError(
+            "volume_too_large_for_node",
+            C,
+            Billing.CHARGE,
+            "The mounted volumes need more than 80% of the node's free disk",
+            "Pick a larger GPU type (more disk), or mount fewer or smaller volumes.",
+        ),
+        JobError(
+            "invalid_dataset",
+            C,
+            Billing.CHARGE,
+            "A dataset row does not have what the method needs",
+            "Fix the line the message names; see the README for each method's fields.",
+        ),
+    )
+}
+
+# Multi-GPU failures whose cause the evidence cannot tell: reviewed, never guessed.
+PENDING_ON_MULTI_GPU = {"training_error", "distributed_error"}
+
+
+def get(code: str) -> JobError:
+    return CATALOG[code]
+
+
+def attribution_for(code: str, *, gpu_count: int = 1) -> Attribution:
+    if gpu_count > 1 and code in PENDING_ON_MULTI_GPU:
+        return Attribution.PENDING
+    return CATALOG[code].attribution
+
+
+# Codes only the control plane decides; a worker may report every other one.
+CONTROL_PLANE_CODES = {
+    "CAPACITY_UNAVAILABLE",
+    "QUOTA_EXCEEDED",
+    "PROVIDER_OUT_OF_FUNDS",
+    "launch_timeout",
+    "provisioning_error",
+    "provisioning_timeout",
+    "configuring_timeout",
+    "heartbeat_timeout",
+    "worker_failed",
+    "provider_reclaimed",
+    "max_run_duration_reached",
+}
+WORKER_CODES = sorted(set(CATALOG) - CONTROL_PLANE_CODES)

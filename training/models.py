@@ -1,0 +1,189 @@
+from django.db import models
+
+from veri.models import Workspace, public_id_field
+from volumes.models import Volume
+
+
+class Dataset(models.Model):
+    class Source(models.TextChoices):
+        UPLOAD = "upload"
+        HF = "hf"
+        VOLUME = "volume"
+
+    public_id = public_id_field("ds")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="datasets")
+    source = models.CharField(max_length=10, choices=Source.choices)
+    name = models.CharField(max_length=200, blank=True)
+    # upload
+    object_key = models.CharField(max_length=1024, blank=True)
+    size_bytes = models.PositiveBigIntegerField(null=True)
+    row_count = models.PositiveIntegerField(null=True)
+    # The first line that does not fit each method ({"dpo": 3, ...}; absent: every line fits),
+    # worked out once at upload so submit need not read the file again.
+    first_bad_line = models.JSONField(default=dict, blank=True)
+    # hf
+    hf_repo = models.CharField(max_length=300, blank=True)
+    hf_split = models.CharField(max_length=100, blank=True)
+    hf_revision = models.CharField(max_length=200, blank=True)
+    # volume
+    volume = models.ForeignKey(
+        Volume, on_delete=models.SET_NULL, null=True, blank=True, related_name="datasets"
+    )
+    volume_name = models.CharField(max_length=128, blank=True)
+    path = models.CharField(max_length=1024, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.source})"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    CONFIGURING = "configuring"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED}
+
+
+class TrainingJob(models.Model):
+    public_id = public_id_field("job")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="training_jobs")
+    status = models.CharField(
+        max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
+    )
+    method = models.CharField(max_length=20)
+    base_model = models.CharField(max_length=500)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    reward_source = models.TextField(blank=True)
+    output_name = models.CharField(max_length=200, blank=True)
+    hyperparameters = models.JSONField(default=dict, blank=True)
+    lora = models.JSONField(default=dict, blank=True)
+    volumes = models.JSONField(default=list, blank=True)  # [{"id", "name"}]
+    resume_from = models.ForeignKey(
+        "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="resumed_by"
+    )
+    provider = models.CharField(max_length=30)
+    region = models.CharField(max_length=40)
+    gpu_type = models.CharField(max_length=60)
+    gpu_count = models.PositiveSmallIntegerField(default=1)
+    checkpoint_every = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_keep = models.PositiveIntegerField(default=2)
+    heartbeat_timeout_seconds = models.PositiveIntegerField(default=300)
+    max_launch_attempts = models.PositiveSmallIntegerField(default=3)
+
+    last_step = models.PositiveIntegerField(null=True, blank=True)
+    # Steps recorded and each metric's first and last value, kept as points arrive (lists of jobs
+    # show it without reading every point).
+    metrics_summary = models.JSONField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    error_code = models.CharField(max_length=40, blank=True)
+    error_message = models.TextField(blank=True)
+    error_attribution = models.CharField(max_length=20, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    launch_claimed_at = models.DateTimeField(null=True, blank=True)  # a provision task has it
+    provisioning_at = models.DateTimeField(null=True, blank=True)
+    configuring_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)  # reached running
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cost_waived = models.BooleanField(default=False)  # cancelled before running
+    cost_micros = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_attributed_at = models.DateTimeField(null=True, blank=True)
+    billing_deducted_at = models.DateTimeField(null=True, blank=True)
+    log_archived_at = models.DateTimeField(null=True, blank=True)
+    log_archived_seq = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "-id"])]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def output_prefix(self) -> str:
+        return f"workspaces/{self.workspace.public_id}/jobs/{self.public_id}/"
+
+    @property
+    def log_key(self) -> str:
+        return f"{self.output_prefix}logs/stdout.txt"
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=40)
+    at = models.DateTimeField(auto_now_add=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["pk"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.type}"
+
+
+class LogChunk(models.Model):
+    """One line of the worker's stdout/stderr, numbered by the worker; a resent line is ignored."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="log_chunks")
+    seq = models.BigIntegerField()
+    at = models.DateTimeField()
+    text = models.TextField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="one_line_per_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.seq}"
+
+
+class MetricPoint(models.Model):
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
+    step = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    values = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="one_point_per_step")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.step}"
+
+
+class Checkpoint(models.Model):
+    public_id = public_id_field("ckpt")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="checkpoints")
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    final = models.BooleanField(default=False)
+    prefix = models.CharField(max_length=1024)  # store prefix holding the files
+    files = models.JSONField(default=list)  # [{"path", "size"}], paths relative to the prefix
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step", "final"], name="one_checkpoint_per_step")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.job_id} step {self.step})"
+
+
+class JobToken(models.Model):
+    """The worker's credential: one job's worker endpoints only, dead once the job is terminal."""
+
+    job = models.OneToOneField(TrainingJob, on_delete=models.CASCADE, related_name="token")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"token of {self.job_id}"

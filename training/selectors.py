@@ -1,0 +1,45 @@
+"""Reads of training objects, always within one workspace."""
+
+from django.db.models import QuerySet
+
+from training.models import Checkpoint, Dataset, JobEvent, LogChunk, MetricPoint, TrainingJob
+from veri.errors import NotFound
+from veri.models import Workspace
+
+
+def list_datasets(*, workspace: Workspace) -> QuerySet[Dataset]:
+    return Dataset.objects.filter(workspace=workspace)
+
+
+def get_dataset(*, workspace: Workspace, dataset_id: str) -> Dataset:
+    dataset = list_datasets(workspace=workspace).filter(public_id=dataset_id).first()
+    if dataset is None:
+        raise NotFound(f"No dataset {dataset_id!r} in this workspace.")
+    return dataset
+
+
+def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
+    return TrainingJob.objects.filter(workspace=workspace).select_related("workspace", "dataset")
+
+
+def get_job(*, workspace: Workspace, job_id: str) -> TrainingJob:
+    job = list_jobs(workspace=workspace).filter(public_id=job_id).first()
+    if job is None:
+        raise NotFound(f"No training job {job_id!r} in this workspace.")
+    return job
+
+
+def log_lines_after(*, job: TrainingJob, after: int, limit: int) -> list[LogChunk]:
+    return list(LogChunk.objects.filter(job=job, seq__gt=after).order_by("seq")[:limit])
+
+
+def list_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
+    return JobEvent.objects.filter(job=job)
+
+
+def list_metrics(*, job: TrainingJob) -> QuerySet[MetricPoint]:
+    return MetricPoint.objects.filter(job=job)
+
+
+def list_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(job=job)

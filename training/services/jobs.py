@@ -1,0 +1,407 @@
+"""Submit, the state machine, cancel, resume, and settling a finished job."""
+
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from billing.models import BillingAccount
+from providers import catalog
+from providers.models import Instance
+from providers.services import default_provider, get_adapter, is_usable, usable_providers
+from training import errors, specs
+from training.models import TERMINAL, Checkpoint, Dataset, JobEvent, JobStatus, TrainingJob
+from training.services import logs
+from veri.errors import Conflict, PaymentRequired, VeriError
+from veri.models import Workspace
+from volumes.models import Volume, VolumeFile
+
+S = JobStatus
+NEXT = {  # terminal states have no entry: nothing leaves them
+    S.QUEUED: {S.PROVISIONING, S.FAILED, S.CANCELLED},
+    S.PROVISIONING: {S.CONFIGURING, S.FAILED, S.CANCELLED},
+    S.CONFIGURING: {S.RUNNING, S.FAILED, S.CANCELLED},
+    S.RUNNING: {S.COMPLETED, S.FAILED, S.CANCELLED},
+}
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_transition"
+
+
+@transaction.atomic
+def transition_job(
+    *,
+    job_id: int,
+    to: JobStatus,
+    error_code: str | None = None,
+    message: str = "",
+    detail: dict | None = None,
+) -> TrainingJob:
+    """The one way a job changes status: row-locked, so concurrent reports serialize; the event
+    and timestamps are written in the same transaction; an illegal move changes nothing."""
+    job = TrainingJob.objects.select_for_update().get(pk=job_id)
+    if job.status == to:
+        return job  # a duplicate report or a retried task
+    if to not in NEXT.get(job.status, ()):
+        raise InvalidTransition(f"A {job.status} job cannot become {to}.")
+    now, previous = timezone.now(), job.status
+    job.status = to
+    stamp = {
+        S.PROVISIONING: "provisioning_at",
+        S.CONFIGURING: "configuring_at",
+        S.RUNNING: "started_at",
+    }.get(to)
+    if stamp:
+        setattr(job, stamp, now)
+    event = {"from": previous, **(detail or {})}
+    if to in TERMINAL:
+        job.finished_at = now
+    if to == S.CANCELLED:
+        job.cost_waived = previous != S.RUNNING  # cancelled before running: not charged
+    if to == S.FAILED:
+        entry = errors.get(error_code)
+        job.error_code = entry.code
+        job.error_message = message or f"{entry.cause}. {entry.hint}"
+        job.error_attribution = errors.attribution_for(entry.code, gpu_count=job.gpu_count)
+        event |= {
+            "code": job.error_code,
+            "attribution": job.error_attribution,
+            "message": job.error_message,
+        }
+    job.save()
+    JobEvent.objects.create(job=job, type=to, detail=event)
+    if to in TERMINAL:
+        transaction.on_commit(lambda: async_task("training.tasks.settle_job", job_id=job.pk))
+    return job
+
+
+def fail_job(
+    *, job_id: int, code: str, message: str = "", detail: dict | None = None
+) -> TrainingJob:
+    return transition_job(
+        job_id=job_id, to=S.FAILED, error_code=code, message=message, detail=detail
+    )
+
+
+def terminate_instance(*, job: TrainingJob) -> None:
+    """Stop the job's machine now (idempotent); cost stops accruing at `terminated_at`."""
+    instance = Instance.objects.filter(job=job, terminated_at__isnull=True).first()
+    if instance is None:
+        return
+    if instance.external_id:
+        get_adapter(instance.provider).terminate(instance.external_id)
+    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
+        terminated_at=timezone.now()
+    )
+
+
+def settle_job(*, job: TrainingJob) -> None:
+    """For a finished job: terminate its instance, attribute its cost, archive its full log.
+    Safe to repeat; each step checks whether it is already done."""
+    terminate_instance(job=job)
+    if job.cost_attributed_at is None:
+        instance = Instance.objects.filter(job=job).first()
+        billed = not job.cost_waived and not (
+            job.error_code and errors.get(job.error_code).billing == errors.Billing.NONE
+        )
+        cost = 0
+        if billed and instance and instance.launched_at:
+            seconds = (instance.terminated_at - instance.launched_at).total_seconds()
+            cost = int(instance.price_per_hour_micros * max(seconds, 0) / 3600)
+        TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
+            cost_micros=cost, cost_attributed_at=timezone.now()
+        )
+    logs.archive_log(job=job, final=True)
+
+
+@dataclass
+class Submission:
+    base_model: str
+    dataset_id: str
+    method: str
+    reward_source: str = ""
+    output_name: str = ""
+    hyperparameters: dict = field(default_factory=dict)
+    lora: dict | None = None
+    gpu_type: str = "cpu"
+    gpu_count: int = 1
+    provider: str | None = None
+    region: str | None = None
+    volumes: list[str] = field(default_factory=list)
+    resume_from: str | None = None
+    checkpoint_every: int | None = None
+    checkpoint_keep: int = 2
+    heartbeat_timeout_seconds: int = 300
+    max_launch_attempts: int = 3
+
+
+def _check_method(method: str) -> None:
+    if method in specs.UNAVAILABLE_METHODS:
+        raise VeriError(
+            specs.UNAVAILABLE_METHODS[method], field="method", code="method_unavailable"
+        )
+    if method not in specs.METHODS:
+        raise VeriError(
+            f"Unknown method {method!r}; use one of: {', '.join(specs.METHODS)}.",
+            field="method",
+            code="invalid_method",
+        )
+
+
+def _resolve_dataset(workspace: Workspace, dataset_id: str, method: str) -> Dataset:
+    dataset = Dataset.objects.filter(workspace=workspace, public_id=dataset_id).first()
+    if dataset is None:
+        raise VeriError(
+            f"No dataset {dataset_id!r} in this workspace.",
+            field="dataset_id",
+            code="invalid_dataset",
+        )
+    if bad := dataset.first_bad_line.get(method):
+        raise VeriError(
+            f"Dataset {dataset.public_id} cannot train {method}: line {bad['line']} "
+            f"{bad['problem']}.",
+            field="dataset_id",
+            code="invalid_dataset",
+        )
+    if dataset.source == Dataset.Source.VOLUME and dataset.volume_id is None:
+        raise VeriError(
+            f"The volume {dataset.volume_name!r} of dataset {dataset.public_id} was deleted.",
+            field="dataset_id",
+            code="invalid_dataset",
+        )
+    return dataset
+
+
+def _resolve_volumes(
+    workspace: Workspace, names: list[str], dataset: Dataset, base_model: str
+) -> list[Volume]:
+    """The volumes to mount: those asked for, plus the dataset's and the base model's own."""
+    wanted = list(names)
+    if dataset.source == Dataset.Source.VOLUME:
+        wanted.append(dataset.volume.public_id)
+    if base_model.startswith("volume://"):
+        wanted.append(base_model.removeprefix("volume://").split("/", 1)[0])
+    mounted: dict[int, Volume] = {}
+    for index, ref in enumerate(wanted):
+        volume = (
+            Volume.objects.filter(workspace=workspace, public_id=ref).first()
+            or Volume.objects.filter(workspace=workspace, name=ref).first()
+        )
+        if volume is None:
+            field = f"volumes.{index}" if index < len(names) else "base_model"
+            raise VeriError(
+                f"No volume {ref!r} in this workspace.", field=field, code="invalid_volume"
+            )
+        mounted[volume.pk] = volume
+    if base_model.startswith("volume://"):
+        name, _, path = base_model.removeprefix("volume://").partition("/")
+        volume = next(v for v in mounted.values() if name in (v.name, v.public_id))
+        prefix = path.rstrip("/") + "/" if path else ""
+        if not VolumeFile.objects.filter(volume=volume, path__startswith=prefix).exists():
+            raise VeriError(
+                f"Volume {volume.name!r} has no files under {path!r}.",
+                field="base_model",
+                code="invalid_base_model",
+            )
+    return list(mounted.values())
+
+
+def _resolve_placement(sub: Submission, volumes: list[Volume]) -> tuple[str, str, catalog.GpuType]:
+    provider_name = sub.provider or default_provider()
+    spec = catalog.get_provider(provider_name)
+    if spec is None:
+        names = ", ".join(p.name for p in catalog.providers())
+        raise VeriError(
+            f"Unknown provider {provider_name!r}; the catalog has: {names}.",
+            field="provider",
+            code="invalid_provider",
+        )
+    if not is_usable(provider_name):
+        usable = ", ".join(p.name for p in usable_providers())
+        raise VeriError(
+            f"Provider {provider_name!r} is not configured on this deployment; use "
+            f"one of: {usable}.",
+            field="provider",
+            code="provider_not_configured",
+        )
+    volume_regions = {v.region for v in volumes}
+    region = sub.region or (volume_regions.pop() if len(volume_regions) == 1 else None)
+    region = region or catalog.default_region()
+    valid = catalog.available_region_codes()
+    if region not in valid:
+        raise VeriError(
+            f"Unknown or not yet available region {region!r}; use one of: {', '.join(valid)}.",
+            field="region",
+            code="invalid_region",
+        )
+    if region not in spec.zones:
+        raise VeriError(
+            f"{provider_name} has no capacity in {region}; it runs in: {', '.join(spec.zones)}.",
+            field="region",
+            code="invalid_region",
+        )
+    for volume in volumes:
+        if volume.region != region:
+            raise VeriError(
+                f"Volume {volume.name!r} is in {volume.region}; a job that mounts it "
+                f"runs there (region={volume.region}).",
+                field="volumes",
+                code="volume_region_mismatch",
+            )
+    gpu = spec.gpu(sub.gpu_type)
+    if gpu is None:
+        raise VeriError(
+            f"{provider_name} offers no gpu_type {sub.gpu_type!r}; it has: "
+            f"{', '.join(g.name for g in spec.gpus)}.",
+            field="gpu_type",
+            code="invalid_gpu_type",
+        )
+    if not 1 <= sub.gpu_count <= gpu.max_count:
+        raise VeriError(
+            f"gpu_count for {gpu.name} on {provider_name} is 1 to {gpu.max_count}.",
+            field="gpu_count",
+            code="invalid_gpu_count",
+        )
+    return provider_name, region, gpu
+
+
+def _resolve_checkpoint(workspace: Workspace, checkpoint_id: str | None, method: str):
+    if not checkpoint_id:
+        return None
+    checkpoint = (
+        Checkpoint.objects.select_related("job")
+        .filter(workspace=workspace, public_id=checkpoint_id)
+        .first()
+    )
+    if checkpoint is None:
+        raise VeriError(
+            f"No checkpoint {checkpoint_id!r} in this workspace.",
+            field="resume_from",
+            code="invalid_checkpoint",
+        )
+    if checkpoint.job.method != method:
+        raise VeriError(
+            f"Checkpoint {checkpoint_id} is from a {checkpoint.job.method} job; resume "
+            f"it with method={checkpoint.job.method}.",
+            field="resume_from",
+            code="invalid_checkpoint",
+        )
+    return checkpoint
+
+
+def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
+    """Validate everything a worker would trip on later, write the queued job, queue its launch."""
+    sub = submission
+    if not BillingAccount.objects.filter(workspace=workspace).exists():
+        raise PaymentRequired(
+            "This workspace has no billing account; add one before submitting jobs."
+        )
+    _check_method(sub.method)
+    if not sub.base_model or not isinstance(sub.base_model, str):
+        raise VeriError(
+            "base_model is required (a Hugging Face repo, or volume://name/path).",
+            field="base_model",
+            code="invalid_base_model",
+        )
+    if sub.method == "grpo":
+        specs.check_reward_source(sub.reward_source)
+    hyperparameters = specs.validate_hyperparameters(sub.method, sub.hyperparameters)
+    lora = specs.validate_lora(sub.lora, gpu_type=sub.gpu_type)
+    dataset = _resolve_dataset(workspace, sub.dataset_id, sub.method)
+    volumes = _resolve_volumes(workspace, sub.volumes, dataset, sub.base_model)
+    provider, region, _ = _resolve_placement(sub, volumes)
+    checkpoint = _resolve_checkpoint(workspace, sub.resume_from, sub.method)
+    limits = [
+        ("checkpoint_every", sub.checkpoint_every, 1, 1_000_000),
+        ("checkpoint_keep", sub.checkpoint_keep, 1, 50),
+        ("heartbeat_timeout_seconds", sub.heartbeat_timeout_seconds, 30, 86_400),
+        ("max_launch_attempts", sub.max_launch_attempts, 1, 20),
+    ]
+    for name, value, low, high in limits:
+        if value is not None and not low <= value <= high:
+            raise VeriError(f"{name} must be from {low} to {high}.", field=name)
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            workspace=workspace,
+            method=sub.method,
+            base_model=sub.base_model,
+            dataset=dataset,
+            reward_source=sub.reward_source if sub.method == "grpo" else "",
+            output_name=sub.output_name,
+            hyperparameters=hyperparameters,
+            lora=lora,
+            volumes=[{"id": v.public_id, "name": v.name} for v in volumes],
+            resume_from=checkpoint,
+            provider=provider,
+            region=region,
+            gpu_type=sub.gpu_type,
+            gpu_count=sub.gpu_count,
+            checkpoint_every=sub.checkpoint_every,
+            checkpoint_keep=sub.checkpoint_keep,
+            heartbeat_timeout_seconds=sub.heartbeat_timeout_seconds,
+            max_launch_attempts=sub.max_launch_attempts,
+        )
+        JobEvent.objects.create(
+            job=job,
+            type=S.QUEUED,
+            detail={"provider": provider, "region": region, "gpu_type": sub.gpu_type},
+        )
+        transaction.on_commit(lambda: async_task("training.tasks.provision_job", job_id=job.pk))
+    return job
+
+
+def cancel_job(*, job: TrainingJob) -> TrainingJob:
+    """Immediate: the instance is terminated before this returns. Cancelling a finished job
+    answers 409; cancelling a cancelled one returns it unchanged."""
+    if job.status == S.CANCELLED:
+        return job
+    if job.is_terminal:
+        raise Conflict(f"Job {job.public_id} already {job.status}.", code="job_finished")
+    job = transition_job(job_id=job.pk, to=S.CANCELLED, detail={"by": "customer"})
+    if job.status == S.CANCELLED:
+        settle_job(job=job)
+    return job
+
+
+def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> TrainingJob:
+    """A new job with the same spec that continues from the newest (or given) checkpoint."""
+    checkpoints = Checkpoint.objects.filter(job=job)
+    if checkpoint_id:
+        checkpoint = checkpoints.filter(public_id=checkpoint_id).first()
+        if checkpoint is None:
+            raise VeriError(
+                f"Job {job.public_id} has no checkpoint {checkpoint_id!r}.",
+                field="checkpoint_id",
+                code="invalid_checkpoint",
+            )
+    else:
+        checkpoint = checkpoints.order_by("-step", "final").first()
+        if checkpoint is None:
+            raise VeriError(
+                f"Job {job.public_id} saved no checkpoint to resume from; set "
+                "checkpoint_every when submitting.",
+                field="checkpoint_id",
+                code="no_checkpoint",
+            )
+    sub = Submission(
+        base_model=job.base_model,
+        dataset_id=job.dataset.public_id,
+        method=job.method,
+        reward_source=job.reward_source,
+        output_name=job.output_name,
+        hyperparameters=dict(job.hyperparameters),
+        lora=job.lora,
+        gpu_type=job.gpu_type,
+        gpu_count=job.gpu_count,
+        provider=job.provider,
+        region=job.region,
+        volumes=[v["id"] for v in job.volumes],
+        resume_from=checkpoint.public_id,
+        checkpoint_every=job.checkpoint_every,
+        checkpoint_keep=job.checkpoint_keep,
+        heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,
+        max_launch_attempts=job.max_launch_attempts,
+    )
+    return submit_job(workspace=job.workspace, submission=sub)

@@ -1,0 +1,293 @@
+"""What the worker on the instance reports, and what it is handed (spec, credentials)."""
+
+import hashlib
+import hmac
+import secrets
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from training import errors
+from training.models import (
+    TERMINAL,
+    Checkpoint,
+    Dataset,
+    JobEvent,
+    JobStatus,
+    JobToken,
+    MetricPoint,
+    TrainingJob,
+)
+from training.services import logs
+from training.services.jobs import InvalidTransition, fail_job, transition_job
+from veri.errors import Conflict, VeriError
+from volumes.models import StoreDeletion, Volume, VolumeFile
+from volumes.stores import S3Store, get_store
+
+S = JobStatus
+TOKEN_PREFIX = "vjt_"
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def mint_job_token(*, job: TrainingJob) -> str:
+    """A fresh token for the job's worker (a relaunch replaces the old one)."""
+    token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
+    JobToken.objects.update_or_create(job=job, defaults={"token_hash": _hash(token)})
+    return token
+
+
+def authenticate_job_token(*, raw: str) -> TrainingJob | None:
+    """The job a live token belongs to; None when unknown, or when the job has finished."""
+    if not raw.startswith(TOKEN_PREFIX):
+        return None
+    row = (
+        JobToken.objects.select_related("job", "job__workspace")
+        .filter(token_hash=_hash(raw))
+        .first()
+    )
+    if row is None or not hmac.compare_digest(row.token_hash, _hash(raw)) or row.job.is_terminal:
+        return None
+    return row.job
+
+
+def register(*, job: TrainingJob, info: dict) -> TrainingJob:
+    """The worker is up: provisioning → configuring (a re-register while configuring is fine)."""
+    job = transition_job(job_id=job.pk, to=S.CONFIGURING, detail={"worker": info})
+    heartbeat(job=job, step=None)
+    return job
+
+
+def report_status(*, job: TrainingJob, status: str) -> TrainingJob:
+    """The only move a worker asks for itself: configuring → running (training started)."""
+    if status != S.RUNNING:
+        raise VeriError(
+            "A worker may only report status 'running'; finish with /complete.",
+            field="status",
+            code="invalid_status",
+        )
+    return transition_job(job_id=job.pk, to=S.RUNNING)
+
+
+def heartbeat(*, job: TrainingJob, step: int | None) -> None:
+    updates = {"last_heartbeat_at": timezone.now()}
+    if step is not None:
+        updates["last_step"] = step
+    TrainingJob.objects.filter(pk=job.pk).update(**updates)
+
+
+@transaction.atomic
+def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
+    """`[{step, values, at?}]`; a step already recorded keeps its first values."""
+    now = timezone.now()
+    rows = [
+        MetricPoint(job=job, step=p["step"], values=p["values"], at=p.get("at") or now)
+        for p in points
+    ]
+    before = MetricPoint.objects.filter(job=job).count()
+    MetricPoint.objects.bulk_create(rows, ignore_conflicts=True)
+    added = MetricPoint.objects.filter(job=job).count() - before
+    if not added:
+        return 0
+    locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    summary = locked.metrics_summary or {"steps": 0, "last_step": None, "first": {}, "last": {}}
+    for point in sorted(points, key=lambda p: p["step"]):
+        for name, value in point["values"].items():
+            summary["first"].setdefault(name, value)
+            if summary["last_step"] is None or point["step"] >= summary["last_step"]:
+                summary["last"][name] = value
+        summary["last_step"] = max(summary["last_step"] or 0, point["step"])
+    summary["steps"] += added
+    locked.metrics_summary = summary
+    locked.last_step = max(locked.last_step or 0, summary["last_step"])
+    locked.save(update_fields=["metrics_summary", "last_step"])
+    return added
+
+
+def register_checkpoint(
+    *, job: TrainingJob, step: int, files: list[dict], final: bool
+) -> Checkpoint:
+    """Record a checkpoint the worker uploaded under `<output>/checkpoints/…`; every file must be
+    in the store with its size. Keeps the newest `checkpoint_keep` intermediate ones."""
+    prefix = f"{job.output_prefix}{'final' if final else f'checkpoints/step-{step:08d}'}/"
+    stored = get_store().stat_many([prefix + f["path"] for f in files])
+    missing = [
+        f["path"]
+        for f in files
+        if (s := stored.get(prefix + f["path"])) is None or s.size != f["size"]
+    ]
+    if missing:
+        raise VeriError(
+            f"These checkpoint files are not in the store with their size: "
+            f"{', '.join(missing[:10])}.",
+            field="files",
+            code="checkpoint_incomplete",
+        )
+    with transaction.atomic():
+        checkpoint, created = Checkpoint.objects.get_or_create(
+            job=job,
+            step=step,
+            final=final,
+            defaults={
+                "workspace": job.workspace,
+                "prefix": prefix,
+                "files": [{"path": f["path"], "size": f["size"]} for f in files],
+                "size_bytes": sum(f["size"] for f in files),
+            },
+        )
+        if created:
+            JobEvent.objects.create(
+                job=job,
+                type="checkpoint_saved",
+                detail={"checkpoint_id": checkpoint.public_id, "step": step, "final": final},
+            )
+            old = Checkpoint.objects.filter(job=job, final=False).order_by("-step")[
+                job.checkpoint_keep :
+            ]
+            for stale in list(old):
+                StoreDeletion.objects.create(
+                    key=stale.prefix, reason=f"checkpoint beyond keep ({job})"
+                )
+                stale.delete()
+    return checkpoint
+
+
+def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str) -> TrainingJob:
+    """The worker's final word: completed, or failed with a code from the catalog."""
+    if ok:
+        try:
+            return transition_job(job_id=job.pk, to=S.COMPLETED)
+        except InvalidTransition:
+            job.refresh_from_db()
+            if job.status in TERMINAL:
+                return job
+            raise
+    if error_code not in errors.WORKER_CODES:
+        raise VeriError(
+            f"Unknown error code {error_code!r}; a worker reports one of: "
+            f"{', '.join(errors.WORKER_CODES)}.",
+            field="error_code",
+            code="invalid_error_code",
+        )
+    try:
+        return fail_job(job_id=job.pk, code=error_code, message=message)
+    except InvalidTransition:
+        job.refresh_from_db()
+        if job.status in TERMINAL:
+            return job  # cancelled or failed meanwhile: the first terminal state stands
+        raise
+
+
+def volume_files(*, job: TrainingJob) -> list[dict]:
+    """Each mounted volume with what the worker must find after syncing it."""
+    volumes = Volume.objects.filter(
+        workspace=job.workspace, public_id__in=[v["id"] for v in job.volumes]
+    )
+    answer = []
+    for volume in volumes.select_related("workspace"):
+        files = (
+            VolumeFile.objects.filter(volume=volume)
+            .order_by("path")
+            .values("path", "size", "sha256", "object_key")
+        )
+        answer.append(
+            {
+                "id": volume.public_id,
+                "name": volume.name,
+                "file_count": volume.file_count,
+                "total_bytes": volume.total_bytes,
+                "files": list(files),
+            }
+        )
+    if len(answer) != len(job.volumes):
+        found = {v["id"] for v in answer}
+        gone = [v["name"] for v in job.volumes if v["id"] not in found]
+        raise Conflict(f"Volumes deleted since submit: {', '.join(gone)}.", code="volume_gone")
+    return answer
+
+
+def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
+    """Read access to the mounted volumes: scoped STS credentials per volume prefix on S3, or
+    signed GET URLs per file on the local store. Short-lived; the worker asks again to refresh."""
+    store = get_store()
+    volumes = volume_files(job=job)
+    for volume in volumes:
+        prefix = f"workspaces/{job.workspace.public_id}/volumes/{volume['id']}/"
+        if isinstance(store, S3Store):
+            volume["credentials"] = store.scoped_credentials(prefix, ttl=ttl)
+        else:
+            volume["credentials"] = {"kind": "signed_urls"}
+            for file in volume["files"]:
+                file["url"] = store.presign_get(file["object_key"], expires=ttl)
+    return {"ttl_seconds": ttl, "volumes": volumes}
+
+
+def output_urls(*, job: TrainingJob, paths: list[str], ttl: int = 3600) -> list[dict]:
+    """Presigned PUTs for files under the job's output prefix (checkpoints, the final model)."""
+    store = get_store()
+    answer = []
+    for path in paths:
+        url, headers = store.presign_put(job.output_prefix + path, expires=ttl)
+        answer.append({"path": path, "url": url, "headers": headers})
+    return answer
+
+
+def build_spec(*, job: TrainingJob) -> dict:
+    """Everything the worker needs to run the job."""
+    store, dataset = get_store(), job.dataset
+    data: dict = {"id": dataset.public_id, "source": dataset.source}
+    if dataset.source == Dataset.Source.UPLOAD:
+        data["url"] = store.presign_get(
+            dataset.object_key, expires=settings.VERI_PRESIGN_TTL_SECONDS
+        )
+    elif dataset.source == Dataset.Source.HF:
+        data |= {
+            "repo": dataset.hf_repo,
+            "split": dataset.hf_split,
+            "revision": dataset.hf_revision,
+        }
+    else:
+        data |= {"volume": dataset.volume_name, "path": dataset.path}
+    resume = None
+    if job.resume_from:
+        checkpoint = job.resume_from
+        resume = {
+            "checkpoint_id": checkpoint.public_id,
+            "step": checkpoint.step,
+            "files": [
+                {
+                    "path": f["path"],
+                    "size": f["size"],
+                    "url": store.presign_get(
+                        checkpoint.prefix + f["path"], expires=settings.VERI_PRESIGN_TTL_SECONDS
+                    ),
+                }
+                for f in checkpoint.files
+            ],
+        }
+    return {
+        "job_id": job.public_id,
+        "method": job.method,
+        "base_model": job.base_model,
+        "dataset": data,
+        "reward_source": job.reward_source,
+        "output_name": job.output_name,
+        "hyperparameters": job.hyperparameters,
+        "lora": job.lora,
+        "gpu_type": job.gpu_type,
+        "gpu_count": job.gpu_count,
+        "volumes": [{"id": v["id"], "name": v["name"]} for v in job.volumes],
+        "checkpoint_every": job.checkpoint_every,
+        "checkpoint_keep": job.checkpoint_keep,
+        "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
+        "resume_from": resume,
+    }
+
+
+def append_logs(*, job: TrainingJob, lines: list[dict]) -> int:
+    added = logs.append_lines(job=job, lines=lines)
+    heartbeat(job=job, step=None)
+    return added

@@ -1,0 +1,290 @@
+"""django-q2 tasks for training jobs: launching, watchdogs, settling, log archiving.
+Each is idempotent and safe when two runs overlap."""
+
+import logging
+import time
+from collections import defaultdict
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from providers import catalog
+from providers.base import (
+    CapacityError,
+    FundsError,
+    LaunchSpec,
+    NoFreeSlot,
+    ProviderError,
+    QuotaError,
+)
+from providers.models import Instance, LaunchAttempt, ProviderLock
+from providers.services import get_adapter, usable_providers
+from training.models import JobEvent, JobStatus, TrainingJob
+from training.services import jobs, logs
+from training.services.worker import mint_job_token
+
+log = logging.getLogger(__name__)
+S = JobStatus
+ACTIVE = [S.QUEUED, S.PROVISIONING, S.CONFIGURING, S.RUNNING]
+
+
+def _alternative(job: TrainingJob, refused: str) -> str:
+    """`or use: …` naming a shape on another usable provider, for quota and funds failures."""
+    for spec in usable_providers():
+        if spec.name == refused or job.region not in spec.zones:
+            continue
+        gpu = spec.gpu(job.gpu_type) or spec.gpus[0]
+        return f"or use: provider={spec.name} gpu_type={gpu.name} region={job.region}"
+    return "or use: another provider once one is configured (none other is usable right now)"
+
+
+def _reserve(job: TrainingJob, zone: str, gpu: catalog.GpuType) -> Instance:
+    """An Instance row for the launch. On the local provider it takes one of VERI_LOCAL_SLOTS,
+    under a row lock so that two launches cannot both take the last slot."""
+    with transaction.atomic():
+        if job.provider == "local":
+            ProviderLock.objects.get_or_create(name="local")
+            ProviderLock.objects.select_for_update().get(name="local")
+            busy = Instance.objects.filter(provider="local", terminated_at__isnull=True).count()
+            if busy >= settings.VERI_LOCAL_SLOTS:
+                raise NoFreeSlot(f"all {settings.VERI_LOCAL_SLOTS} local slot(s) are busy")
+        Instance.objects.filter(job=job).delete()  # an earlier attempt's row that never launched
+        return Instance.objects.create(
+            job=job,
+            provider=job.provider,
+            region=job.region,
+            zone=zone,
+            gpu_type=gpu.name,
+            gpu_count=job.gpu_count,
+            price_per_hour_micros=gpu.price_per_gpu_hour_micros * job.gpu_count,
+        )
+
+
+def provision_job(*, job_id: int) -> str:
+    """Launch the job's instance, trying each capable zone up to `max_launch_attempts`.
+    The claim (a conditional UPDATE) makes a second concurrent run a no-op."""
+    claimed = TrainingJob.objects.filter(
+        pk=job_id, status=S.QUEUED, launch_claimed_at__isnull=True
+    ).update(launch_claimed_at=timezone.now())
+    if not claimed:
+        return "not claimed: launched, finished or being launched elsewhere"
+    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
+    spec, adapter = catalog.get_provider(job.provider), get_adapter(job.provider)
+    gpu = spec.gpu(job.gpu_type)
+    zones = spec.zones.get(job.region, ())[: job.max_launch_attempts]
+    tried = []
+    for zone in zones:
+        try:
+            instance = _reserve(job, zone, gpu)
+        except NoFreeSlot:
+            TrainingJob.objects.filter(pk=job.pk).update(launch_claimed_at=None)
+            return "waiting for a free slot"
+        token = mint_job_token(job=job)
+        launch = LaunchSpec(
+            job_id=job.public_id,
+            region=job.region,
+            zone=zone,
+            gpu_type=gpu.name,
+            gpu_count=job.gpu_count,
+            api_url=settings.VERI_PUBLIC_URL,
+            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": settings.VERI_PUBLIC_URL},
+        )
+        try:
+            external_id = adapter.launch(launch)
+        except ProviderError as exc:
+            instance.delete()
+            outcome = {CapacityError: "capacity", QuotaError: "quota", FundsError: "funds"}.get(
+                type(exc), "error"
+            )
+            LaunchAttempt.objects.create(
+                job=job, provider=job.provider, zone=zone, outcome=outcome, message=str(exc)
+            )
+            JobEvent.objects.create(
+                job=job,
+                type="launch_attempt_failed",
+                detail={"zone": zone, "outcome": outcome, "message": str(exc)},
+            )
+            if isinstance(exc, QuotaError | FundsError):
+                code = "QUOTA_EXCEEDED" if isinstance(exc, QuotaError) else "PROVIDER_OUT_OF_FUNDS"
+                what = (
+                    "Veri's account limit"
+                    if isinstance(exc, QuotaError)
+                    else "Veri's prepaid balance"
+                )
+                message = (
+                    f"{what} on {job.provider} is exhausted ({exc}). Nothing booted and "
+                    f"nothing is billed. Retry in a few minutes, {_alternative(job, job.provider)}"
+                )
+                jobs.fail_job(job_id=job.pk, code=code, message=message)
+                return code
+            tried.append(zone)
+            continue
+        Instance.objects.filter(pk=instance.pk).update(
+            external_id=external_id, launched_at=timezone.now()
+        )
+        LaunchAttempt.objects.create(job=job, provider=job.provider, zone=zone, outcome="launched")
+        try:
+            jobs.transition_job(
+                job_id=job.pk, to=S.PROVISIONING, detail={"zone": zone, "instance": external_id}
+            )
+        except jobs.InvalidTransition:  # cancelled or timed out while launching
+            jobs.terminate_instance(job=job)
+            return "launched, but the job had already ended: terminated"
+        return "launched"
+    jobs.fail_job(
+        job_id=job.pk,
+        code="CAPACITY_UNAVAILABLE",
+        message=(
+            f"No capacity for {job.gpu_count}x {job.gpu_type} on {job.provider} in "
+            f"{job.region}; tried zones: {', '.join(tried) or 'none'}. Retry later, pick a "
+            "different gpu_type, or launch in another region (veri regions list)."
+        ),
+    )
+    return "CAPACITY_UNAVAILABLE"
+
+
+def settle_job(*, job_id: int) -> None:
+    """A job reached a terminal state: terminate, attribute cost, archive the log; then give a
+    freed local slot to the next queued job."""
+    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
+    if job.is_terminal:
+        jobs.settle_job(job=job)
+        _enqueue_waiting()
+
+
+def _enqueue_waiting(limit: int = 20) -> None:
+    waiting = TrainingJob.objects.filter(status=S.QUEUED, launch_claimed_at__isnull=True)
+    for job_id in waiting.order_by("pk").values_list("pk", flat=True)[:limit]:
+        async_task("training.tasks.provision_job", job_id=job_id)
+
+
+def _last_seen(job: TrainingJob) -> str:
+    step = job.last_step if job.last_step is not None else "none"
+    return f"last status {job.status}, last step {step}"
+
+
+def _silent_failure(job: TrainingJob, silent: float) -> tuple[str, str] | None:
+    """heartbeat_timeout past the job's own deadline; worker_failed past 900 s (when the job's
+    deadline is longer than that)."""
+    limit = min(job.heartbeat_timeout_seconds, settings.VERI_WORKER_SILENT_SECONDS)
+    if silent <= limit:
+        return None
+    last = _last_seen(job)
+    if job.heartbeat_timeout_seconds < settings.VERI_WORKER_SILENT_SECONDS:
+        return "heartbeat_timeout", (
+            f"The worker sent nothing for {int(silent)} s, longer than heartbeat_timeout_seconds "
+            f"({job.heartbeat_timeout_seconds} s); {last}. It was likely OOM-killed or lost "
+            "its network."
+        )
+    return "worker_failed", f"The worker was silent for {int(silent)} s; {last}."
+
+
+def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
+    """One watchdog tick over every active job: a fixed number of queries however many jobs
+    there are (plus a few per job it fails), and one provider call per provider."""
+    now = now or timezone.now()
+    active = list(TrainingJob.objects.filter(status__in=ACTIVE).select_related("instance"))
+    instances_by_provider = defaultdict(list)
+    for job in active:
+        instance = getattr(job, "instance", None)
+        if instance and instance.external_id and instance.terminated_at is None:
+            instances_by_provider[instance.provider].append(instance.external_id)
+    states = {}
+    for provider, ids in instances_by_provider.items():
+        states |= get_adapter(provider).states(ids)
+    failed: dict[str, int] = defaultdict(int)
+    for job in active:
+        verdict = _verdict(job, states, now)
+        if verdict:
+            code, message = verdict
+            try:
+                jobs.fail_job(job_id=job.pk, code=code, message=message)
+            except jobs.InvalidTransition:
+                continue  # it moved on meanwhile
+            failed[code] += 1
+    return dict(failed)
+
+
+def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] | None:
+    instance = getattr(job, "instance", None)
+    state = states.get(instance.external_id) if instance and instance.external_id else None
+    if job.status == S.QUEUED:
+        spec = catalog.get_provider(job.provider)
+        if (
+            job.launch_claimed_at
+            and (now - job.launch_claimed_at).total_seconds() > spec.launch_timeout_seconds
+        ):
+            return "launch_timeout", (
+                f"The {job.provider} launch did not finish within "
+                f"{spec.launch_timeout_seconds} s and was stopped. Not billed."
+            )
+        return None
+    if state is not None and not state.alive:
+        if state.reason == "reclaimed":
+            return (
+                "provider_reclaimed",
+                f"{job.provider} deleted or stopped the VM before the job finished.",
+            )
+        if state.reason == "max_run_duration":
+            return (
+                "max_run_duration_reached",
+                f"{job.provider} ended the VM at its maximum run duration.",
+            )
+        if job.status == S.PROVISIONING:
+            return (
+                "provisioning_error",
+                "The instance came up but the worker never registered; it has ended.",
+            )
+        return "worker_failed", (
+            f"The instance ended before the worker reported a result ({_last_seen(job)})."
+        )
+    if job.status == S.PROVISIONING:
+        waited = (now - job.provisioning_at).total_seconds()
+        if waited > settings.VERI_PROVISIONING_TIMEOUT_SECONDS:
+            return "provisioning_timeout", (
+                f"No worker registered within {settings.VERI_PROVISIONING_TIMEOUT_SECONDS} s "
+                "of the instance launching."
+            )
+        return None
+    if job.status == S.CONFIGURING:
+        waited = (now - job.configuring_at).total_seconds()
+        if waited > settings.VERI_CONFIGURING_TIMEOUT_SECONDS:
+            return "configuring_timeout", (
+                f"The worker registered but did not start training within "
+                f"{settings.VERI_CONFIGURING_TIMEOUT_SECONDS} s."
+            )
+    silent_since = job.last_heartbeat_at or job.configuring_at or job.provisioning_at
+    return _silent_failure(job, (now - silent_since).total_seconds())
+
+
+def archive_running_logs() -> int:
+    """Every running job's log so far, to the store (what `logs/full` serves once it ends)."""
+    written = 0
+    running = TrainingJob.objects.filter(status__in=[S.CONFIGURING, S.RUNNING]).select_related(
+        "workspace"
+    )
+    for job in running.filter(
+        Q(log_archived_seq__isnull=True) | Q(log_chunks__seq__gt=F("log_archived_seq"))
+    ).distinct():
+        written += logs.archive_log(job=job)
+    return written
+
+
+def watch_jobs(*, duration: float = 55.0) -> None:
+    """The scheduled watchdog (every minute): ticks every VERI_WATCH_PERIOD_SECONDS for about a
+    minute, so deadlines are enforced within seconds rather than minutes."""
+    deadline = time.monotonic() + duration
+    next_archive = 0.0
+    _enqueue_waiting()
+    while True:
+        check_jobs()
+        if time.monotonic() >= next_archive:
+            archive_running_logs()
+            next_archive = time.monotonic() + settings.VERI_LOG_ARCHIVE_SECONDS
+        if time.monotonic() + settings.VERI_WATCH_PERIOD_SECONDS > deadline:
+            return
+        time.sleep(settings.VERI_WATCH_PERIOD_SECONDS)

@@ -1,0 +1,27 @@
+from django.urls import path
+
+from training import api
+
+urlpatterns = [
+    path("datasets", api.DatasetsView.as_view()),
+    path("datasets/<str:dataset_id>", api.DatasetView.as_view()),
+    path("training_jobs", api.TrainingJobsView.as_view()),
+    path("training_jobs/<str:job_id>", api.TrainingJobView.as_view()),
+    path("training_jobs/<str:job_id>/cancel", api.CancelView.as_view()),
+    path("training_jobs/<str:job_id>/resume", api.ResumeView.as_view()),
+    path("training_jobs/<str:job_id>/logs", api.LogsView.as_view()),
+    path("training_jobs/<str:job_id>/logs/full", api.FullLogView.as_view()),
+    path("training_jobs/<str:job_id>/events", api.EventsView.as_view()),
+    path("training_jobs/<str:job_id>/metrics", api.MetricsView.as_view()),
+    path("training_jobs/<str:job_id>/checkpoints", api.CheckpointsView.as_view()),
+    path("worker/jobs/<str:job_id>/register", api.WorkerRegisterView.as_view()),
+    path("worker/jobs/<str:job_id>/spec", api.WorkerSpecView.as_view()),
+    path("worker/jobs/<str:job_id>/status", api.WorkerStatusView.as_view()),
+    path("worker/jobs/<str:job_id>/heartbeat", api.WorkerHeartbeatView.as_view()),
+    path("worker/jobs/<str:job_id>/logs", api.WorkerLogsView.as_view()),
+    path("worker/jobs/<str:job_id>/metrics", api.WorkerMetricsView.as_view()),
+    path("worker/jobs/<str:job_id>/volume-credentials", api.WorkerVolumeCredentialsView.as_view()),
+    path("worker/jobs/<str:job_id>/output-credentials", api.WorkerOutputCredentialsView.as_view()),
+    path("worker/jobs/<str:job_id>/checkpoints", api.WorkerCheckpointsView.as_view()),
+    path("worker/jobs/<str:job_id>/complete", api.WorkerCompleteView.as_view()),
+]
