@@ -144,7 +144,7 @@ SPECTACULAR_SETTINGS = {
 Q_CLUSTER = {
     "name": "veri",
     "orm": "default",
-    "workers": int(env("VERI_Q_WORKERS", "2")),
+    "workers": int(env("VERI_Q_WORKERS", "3")),  # one is taken by the watchdog loop
     "timeout": 600,
     "retry": 720,  # must exceed timeout, or a long task is handed out twice
     "max_attempts": 3,

@@ -27,7 +27,7 @@ def qcluster(transactional_db, settings):
             **os.environ,
             "DATABASE_URL": database_url(),
             "VERI_STORE": settings.VERI_STORE,
-            "VERI_Q_WORKERS": "1",
+            "VERI_Q_WORKERS": "2",
             **extra_env,
         }
         if settings.AWS_ENDPOINT_URL:

@@ -9,7 +9,8 @@ from tests.conftest import put_to_url
 from volumes.models import StoreDeletion
 from volumes.stores import get_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# serialized_rollback: the schedules a migration wrote survive earlier tests' table flushes.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
 
 def test_a_deleted_volumes_prefix_is_gone_within_a_minute(

@@ -360,8 +360,8 @@ def cancel_job(*, job: TrainingJob) -> TrainingJob:
     if job.is_terminal:
         raise Conflict(f"Job {job.public_id} already {job.status}.", code="job_finished")
     job = transition_job(job_id=job.pk, to=S.CANCELLED, detail={"by": "customer"})
-    if job.status == S.CANCELLED:
-        settle_job(job=job)
+    settle_job(job=job)
+    job.refresh_from_db()
     return job
 
 

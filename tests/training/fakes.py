@@ -1,0 +1,47 @@
+"""A provider we do not own, faked at its adapter boundary: each zone's launch outcome, instance
+states and terminations are set and recorded by the test."""
+
+import threading
+import time
+
+from providers.base import InstanceState, LaunchSpec, ProviderAdapter
+
+
+class FakeCloud(ProviderAdapter):
+    name = "aws"
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.outcomes: dict[str, Exception] = {}  # zone -> what launch raises there
+        self.launch_delay = 0.0
+        self.on_launch = None  # called as a launch starts, e.g. to run a watchdog meanwhile
+        self.launched: list[LaunchSpec] = []
+        self.terminated: list[str] = []
+        self.states_by_id: dict[str, InstanceState] = {}
+        self.state_calls = 0
+        self.lock = threading.Lock()
+
+    def is_configured(self) -> bool:
+        return True
+
+    def launch(self, spec: LaunchSpec) -> str:
+        if spec.zone in self.outcomes:
+            raise self.outcomes[spec.zone]
+        if self.on_launch:
+            self.on_launch()
+        time.sleep(self.launch_delay)
+        with self.lock:
+            self.launched.append(spec)
+            instance_id = f"i-{len(self.launched):04d}"
+        self.states_by_id[instance_id] = InstanceState(alive=True)
+        return instance_id
+
+    def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
+        self.state_calls += 1
+        return {i: self.states_by_id.get(i, InstanceState(alive=False)) for i in instance_ids}
+
+    def terminate(self, instance_id: str) -> None:
+        self.terminated.append(instance_id)
+        self.states_by_id[instance_id] = InstanceState(alive=False)

@@ -1,0 +1,317 @@
+"""The state machine, provisioning and the watchdog, with the provider faked at its boundary."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from providers.base import CapacityError, FundsError, InstanceState, QuotaError
+from providers.models import Instance, LaunchAttempt
+from tests.training.conftest import drive
+from training import errors, tasks
+from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
+from training.services import jobs
+
+pytestmark = pytest.mark.django_db
+S = JobStatus
+
+
+def events(job: TrainingJob) -> list[str]:
+    return list(JobEvent.objects.filter(job=job).values_list("type", flat=True))
+
+
+def assert_failed(job: TrainingJob, code: str) -> TrainingJob:
+    job.refresh_from_db()
+    assert (job.status, job.error_code) == (S.FAILED, code), (
+        job.status,
+        job.error_code,
+        job.error_message,
+    )
+    assert job.error_attribution == errors.get(code).attribution
+    assert job.error_message
+    failed = JobEvent.objects.get(job=job, type="failed")
+    assert failed.detail["code"] == code
+    return job
+
+
+def test_illegal_transitions_raise_and_change_nothing(submit):
+    job = submit()
+    with pytest.raises(jobs.InvalidTransition):
+        jobs.transition_job(job_id=job.pk, to=S.RUNNING)
+    job.refresh_from_db()
+    assert (job.status, job.started_at, events(job)) == (S.QUEUED, None, ["queued"])
+    drive(job, S.PROVISIONING, S.CONFIGURING, S.RUNNING, S.COMPLETED)
+    with pytest.raises(jobs.InvalidTransition):
+        jobs.transition_job(job_id=job.pk, to=S.CANCELLED)
+    assert events(job) == ["queued", "provisioning", "configuring", "running", "completed"]
+
+
+@hypothesis_settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(moves=st.lists(st.sampled_from(list(S)), max_size=8))
+def test_random_event_sequences_keep_the_invariants(submit, moves):
+    job = submit()
+    reached_running = False
+    for to in moves:
+        before = TrainingJob.objects.get(pk=job.pk)
+        try:
+            jobs.transition_job(
+                job_id=job.pk, to=to, error_code="training_error" if to == S.FAILED else None
+            )
+        except jobs.InvalidTransition:
+            after = TrainingJob.objects.get(pk=job.pk)
+            assert (after.status, after.finished_at) == (before.status, before.finished_at)
+            continue
+        reached_running |= to == S.RUNNING
+        if before.status in TERMINAL:
+            assert to == before.status  # terminal is final: only a repeat is accepted
+    job.refresh_from_db()
+    assert (job.started_at is not None) == reached_running
+    terminal_events = [e for e in events(job) if e in TERMINAL]
+    assert len(terminal_events) == (1 if job.status in TERMINAL else 0)
+    assert (job.finished_at is not None) == (job.status in TERMINAL)
+
+
+def test_provision_tries_the_next_zone_on_capacity(submit, cloud):
+    cloud.outcomes = {"us-east-1a": CapacityError("no L4 here")}
+    job = submit()
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    job.refresh_from_db()
+    assert job.status == S.PROVISIONING and job.provisioning_at is not None
+    assert [s.zone for s in cloud.launched] == ["us-east-1b"]
+    assert list(LaunchAttempt.objects.filter(job=job).values_list("outcome", flat=True)) == [
+        "capacity",
+        "launched",
+    ]
+    instance = Instance.objects.get(job=job)
+    assert instance.external_id == "i-0001" and instance.price_per_hour_micros == 805_000
+    assert "VERI_JOB_TOKEN" in cloud.launched[0].env
+    assert tasks.provision_job(job_id=job.pk).startswith("not claimed")  # a rerun does nothing
+
+
+def test_capacity_everywhere_fails_after_max_launch_attempts(submit, cloud):
+    cloud.outcomes = {
+        z: CapacityError("none")
+        for z in ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f")
+    }
+    job = submit(max_launch_attempts=2)
+    tasks.provision_job(job_id=job.pk)
+    job = assert_failed(job, "CAPACITY_UNAVAILABLE")
+    assert "us-east-1a, us-east-1b" in job.error_message
+    assert LaunchAttempt.objects.filter(job=job).count() == 2
+    assert not Instance.objects.filter(job=job).exists()
+
+
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (QuotaError("vCPU limit"), "QUOTA_EXCEEDED"),
+        (FundsError("balance 0"), "PROVIDER_OUT_OF_FUNDS"),
+    ],
+)
+def test_quota_and_funds_fail_at_once_naming_an_alternative(submit, cloud, exc, code):
+    cloud.outcomes = {"us-east-1a": exc}
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    job = assert_failed(job, code)
+    assert job.error_attribution == "platform"
+    assert "or use: provider=local gpu_type=cpu region=us-east-1" in job.error_message
+    assert cloud.launched == []
+
+
+def in_threads(count: int, work) -> list:
+    barrier, results, failures = threading.Barrier(count), [None] * count, []
+
+    def run(index):
+        try:
+            barrier.wait()
+            results[index] = work(index)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    return results
+
+
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="real concurrency needs PostgreSQL"
+)
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_two_provision_runs_launch_one_instance(submit, cloud):
+    cloud.launch_delay = 0.2
+    job = submit()
+    results = in_threads(2, lambda i: tasks.provision_job(job_id=job.pk))
+    assert sorted(r.split(":")[0] for r in results) == ["launched", "not claimed"]
+    assert len(cloud.launched) == 1 and Instance.objects.filter(job=job).count() == 1
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_cancel_racing_running_ends_in_one_terminal_state(submit, cloud):
+    for _ in range(5):
+        job = submit()
+        tasks.provision_job(job_id=job.pk)
+        drive(job, S.CONFIGURING)
+
+        def act(index, job=job):
+            if index == 0:
+                return jobs.cancel_job(
+                    job=TrainingJob.objects.select_related("workspace").get(pk=job.pk)
+                )
+            jobs.transition_job(job_id=job.pk, to=S.RUNNING)
+            return jobs.transition_job(job_id=job.pk, to=S.COMPLETED)
+
+        try:
+            in_threads(2, act)
+        except AssertionError as exc:  # the loser may find the job already cancelled
+            assert "InvalidTransition" in str(exc) or "cannot become" in str(exc)
+        job.refresh_from_db()
+        assert job.status in {S.CANCELLED, S.COMPLETED}
+        assert len([e for e in events(job) if e in TERMINAL]) == 1
+
+
+def test_cancel_terminates_now_and_waives_cost_before_running(submit, cloud):
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    job = jobs.cancel_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
+    assert job.status == S.CANCELLED and cloud.terminated == ["i-0001"]
+    job.refresh_from_db()
+    assert job.cost_waived and job.cost_micros == 0 and job.cost_attributed_at is not None
+    assert Instance.objects.get(job=job).terminated_at is not None
+
+
+def test_a_running_job_is_charged_for_its_instance_time(submit, cloud):
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=2))
+    drive(job, S.CONFIGURING, S.RUNNING, S.COMPLETED)
+    jobs.settle_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
+    job.refresh_from_db()
+    assert 2 * 805_000 <= job.cost_micros < 2 * 805_000 + 1000  # 2 h of one L4
+    assert cloud.terminated == ["i-0001"]
+
+
+def run_watchdog(now=None) -> dict:
+    return tasks.check_jobs(now=now)
+
+
+def test_launch_timeout_stops_a_launch_that_finishes_late(submit, cloud):
+    job = submit()
+    late = timezone.now() + timedelta(minutes=11)  # AWS's launch limit is 10 minutes
+    # The watchdog runs while the provider is still launching; the launch then returns.
+    cloud.on_launch = lambda: run_watchdog(now=late)
+    assert tasks.provision_job(job_id=job.pk).startswith("launched, but the job had already ended")
+    job = assert_failed(job, "launch_timeout")
+    assert job.error_attribution == "platform" and job.provisioning_at is None
+    assert cloud.terminated == ["i-0001"]
+    assert Instance.objects.get(job=job).terminated_at is not None
+
+
+def test_provisioning_timeout_and_error(submit, cloud, settings):
+    slow, gone = submit(), submit()
+    for job in (slow, gone):
+        tasks.provision_job(job_id=job.pk)
+    cloud.states_by_id["i-0002"] = InstanceState(alive=False)
+    later = timezone.now() + timedelta(seconds=settings.VERI_PROVISIONING_TIMEOUT_SECONDS + 1)
+    assert run_watchdog(now=later) == {"provisioning_timeout": 1, "provisioning_error": 1}
+    assert_failed(slow, "provisioning_timeout")
+    assert_failed(gone, "provisioning_error")
+    jobs.settle_job(job=TrainingJob.objects.select_related("workspace").get(pk=slow.pk))
+    assert "i-0001" in cloud.terminated
+
+
+def test_configuring_timeout(submit, cloud, settings):
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    drive(job, S.CONFIGURING)
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now())
+    later = timezone.now() + timedelta(seconds=settings.VERI_CONFIGURING_TIMEOUT_SECONDS + 1)
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=later)
+    assert run_watchdog(now=later) == {"configuring_timeout": 1}
+    assert_failed(job, "configuring_timeout")
+
+
+def test_heartbeat_timeout_uses_the_jobs_own_deadline(submit, cloud):
+    quiet, chatty = submit(heartbeat_timeout_seconds=60), submit(heartbeat_timeout_seconds=60)
+    for job in (quiet, chatty):
+        tasks.provision_job(job_id=job.pk)
+        drive(job, S.CONFIGURING, S.RUNNING)
+    now = timezone.now()
+    TrainingJob.objects.filter(pk=quiet.pk).update(
+        last_heartbeat_at=now - timedelta(seconds=61), last_step=12
+    )
+    TrainingJob.objects.filter(pk=chatty.pk).update(last_heartbeat_at=now - timedelta(seconds=30))
+    assert run_watchdog(now=now) == {"heartbeat_timeout": 1}
+    job = assert_failed(quiet, "heartbeat_timeout")
+    assert "61 s" in job.error_message and "last step 12" in job.error_message
+    assert TrainingJob.objects.get(pk=chatty.pk).status == S.RUNNING
+
+
+def test_worker_failed_when_silent_900s_or_instance_gone(submit, cloud):
+    silent, vanished = submit(heartbeat_timeout_seconds=3600), submit()
+    for job in (silent, vanished):
+        tasks.provision_job(job_id=job.pk)
+        drive(job, S.CONFIGURING, S.RUNNING)
+    now = timezone.now()
+    TrainingJob.objects.filter(pk=silent.pk).update(
+        last_heartbeat_at=now - timedelta(seconds=901), last_step=7
+    )
+    TrainingJob.objects.filter(pk=vanished.pk).update(last_heartbeat_at=now)
+    cloud.states_by_id["i-0002"] = InstanceState(alive=False)
+    assert run_watchdog(now=now) == {"worker_failed": 2}
+    job = assert_failed(silent, "worker_failed")
+    assert (
+        "silent for 901 s" in job.error_message
+        and "last status running, last step 7" in job.error_message
+    )
+    assert "instance ended" in assert_failed(vanished, "worker_failed").error_message
+
+
+@pytest.mark.parametrize(
+    "reason, code",
+    [("reclaimed", "provider_reclaimed"), ("max_run_duration", "max_run_duration_reached")],
+)
+def test_provider_ended_vms(submit, cloud, reason, code):
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    drive(job, S.CONFIGURING, S.RUNNING)
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now())
+    cloud.states_by_id["i-0001"] = InstanceState(alive=False, reason=reason)
+    run_watchdog()
+    assert_failed(job, code)
+
+
+def test_watchdog_query_count_does_not_grow_with_jobs(submit, cloud):
+    def healthy_jobs(count):
+        for _ in range(count):
+            job = submit()
+            tasks.provision_job(job_id=job.pk)
+            drive(job, S.CONFIGURING, S.RUNNING)
+            TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now())
+
+    healthy_jobs(3)
+    with CaptureQueriesContext(connection) as few:
+        assert run_watchdog() == {}
+    healthy_jobs(9)
+    calls_before = cloud.state_calls
+    with CaptureQueriesContext(connection) as many:
+        assert run_watchdog() == {}
+    assert len(many) == len(few) <= 3
+    assert cloud.state_calls - calls_before == 1  # one provider call for all twelve instances
