@@ -1,7 +1,7 @@
 """`/v1/regions` and `/v1/gpus`: the catalog, and which providers this deployment can use."""
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -12,7 +12,7 @@ from veri.errors import VeriError
 
 
 class RegionsView(WorkspaceView):
-    @extend_schema(responses=serializers.DictField())
+    @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         default = catalog.default_region()
         return Response(
@@ -31,9 +31,7 @@ class RegionsView(WorkspaceView):
 
 
 class GpusView(WorkspaceView):
-    @extend_schema(
-        parameters=[OpenApiParameter("provider", str)], responses=serializers.DictField()
-    )
+    @extend_schema(parameters=[OpenApiParameter("provider", str)], responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("provider")
         specs = catalog.providers()

@@ -4,6 +4,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
@@ -149,7 +150,7 @@ class CheckpointOut(serializers.ModelSerializer):
 
 
 class DatasetsView(WorkspaceView):
-    class Input(serializers.Serializer):
+    class DatasetsIn(serializers.Serializer):
         source = serializers.ChoiceField(["upload", "hf", "volume"], required=False)
         name = serializers.CharField(required=False, allow_blank=True, max_length=200)
         file = serializers.FileField(required=False)
@@ -163,9 +164,9 @@ class DatasetsView(WorkspaceView):
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_datasets(workspace=self.workspace), DatasetOut)
 
-    @extend_schema(request=Input, responses={201: DatasetOut})
+    @extend_schema(request=DatasetsIn, responses={201: DatasetOut})
     def post(self, request: Request) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(self.DatasetsIn, request.data)
         source = data.get("source") or ("upload" if "file" in data else None)
         name = data.get("name", "")
         if source == "upload":
@@ -264,12 +265,12 @@ class CancelView(JobScopedView):
 
 
 class ResumeView(JobScopedView):
-    class Input(serializers.Serializer):
+    class ResumeIn(serializers.Serializer):
         checkpoint_id = serializers.CharField(required=False, allow_null=True, default=None)
 
-    @extend_schema(request=Input, responses={201: JobOut})
+    @extend_schema(request=ResumeIn, responses={201: JobOut})
     def post(self, request: Request, job_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(self.ResumeIn, request.data)
         new = job_services.resume_job(job=self.job(job_id), checkpoint_id=data["checkpoint_id"])
         return Response(JobOut(new).data, status=201)
 
@@ -397,7 +398,7 @@ def _ok(job: TrainingJob, **extra) -> Response:
 
 class WorkerRegisterView(WorkerView):
     @extend_schema(
-        request=serializers.DictField(),
+        request=OpenApiTypes.OBJECT,
         responses=inline_serializer("WorkerAck", {"status": serializers.CharField()}),
     )
     def post(self, request: Request, job_id: str) -> Response:
@@ -405,7 +406,7 @@ class WorkerRegisterView(WorkerView):
 
 
 class WorkerSpecView(WorkerView):
-    @extend_schema(responses=serializers.DictField())
+    @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, job_id: str) -> Response:
         spec = worker_services.build_spec(job=self.job)
         if url := spec["dataset"].get("url"):
@@ -416,23 +417,23 @@ class WorkerSpecView(WorkerView):
 
 
 class WorkerStatusView(WorkerView):
-    class Input(serializers.Serializer):
+    class WorkerStatusIn(serializers.Serializer):
         status = serializers.CharField()
 
-    @extend_schema(request=Input, responses=serializers.DictField())
+    @extend_schema(request=WorkerStatusIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
-        status = self.validated(self.Input, request.data)["status"]
+        status = self.validated(self.WorkerStatusIn, request.data)["status"]
         return _ok(worker_services.report_status(job=self.job, status=status))
 
 
 class WorkerHeartbeatView(WorkerView):
-    class Input(serializers.Serializer):
+    class WorkerHeartbeatIn(serializers.Serializer):
         step = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None)
 
-    @extend_schema(request=Input, responses=serializers.DictField())
+    @extend_schema(request=WorkerHeartbeatIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
         worker_services.heartbeat(
-            job=self.job, step=self.validated(self.Input, request.data)["step"]
+            job=self.job, step=self.validated(self.WorkerHeartbeatIn, request.data)["step"]
         )
         return _ok(self.job)
 
@@ -443,12 +444,12 @@ class WorkerLogsView(WorkerView):
         text = serializers.CharField(allow_blank=True, trim_whitespace=False)
         at = serializers.DateTimeField(required=False)
 
-    class Input(serializers.Serializer):
+    class WorkerLogsIn(serializers.Serializer):
         lines = serializers.ListField(child=serializers.DictField(), max_length=5000)
 
-    @extend_schema(request=Input, responses=serializers.DictField())
+    @extend_schema(request=WorkerLogsIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
-        raw = self.validated(self.Input, request.data)["lines"]
+        raw = self.validated(self.WorkerLogsIn, request.data)["lines"]
         lines = serializers.ListSerializer(child=self.Line(), data=raw)
         lines.is_valid(raise_exception=True)
         added = worker_services.append_logs(job=self.job, lines=lines.validated_data)
@@ -461,7 +462,7 @@ class WorkerMetricsView(WorkerView):
         values = serializers.DictField(child=serializers.FloatField(allow_null=True))
         at = serializers.DateTimeField(required=False)
 
-    @extend_schema(request=serializers.DictField(), responses=serializers.DictField())
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
         points = serializers.ListSerializer(child=self.Point(), data=request.data.get("points"))
         points.is_valid(raise_exception=True)
@@ -472,7 +473,7 @@ class WorkerMetricsView(WorkerView):
 
 
 class WorkerVolumeCredentialsView(WorkerView):
-    @extend_schema(request=None, responses=serializers.DictField())
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
         answer = worker_services.volume_credentials(job=self.job)
         for volume in answer["volumes"]:
@@ -483,14 +484,14 @@ class WorkerVolumeCredentialsView(WorkerView):
 
 
 class WorkerOutputCredentialsView(WorkerView):
-    class Input(serializers.Serializer):
+    class WorkerOutputCredentialsIn(serializers.Serializer):
         paths = serializers.ListField(child=PlainString(), allow_empty=False, max_length=1000)
 
-    @extend_schema(request=Input, responses=serializers.DictField())
+    @extend_schema(request=WorkerOutputCredentialsIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
         from volumes.services import validate_path
 
-        paths = self.validated(self.Input, request.data)["paths"]
+        paths = self.validated(self.WorkerOutputCredentialsIn, request.data)["paths"]
         for index, path in enumerate(paths):
             validate_path(path, field=f"paths.{index}")
         urls = worker_services.output_urls(job=self.job, paths=paths)
@@ -504,14 +505,14 @@ class WorkerCheckpointsView(WorkerView):
         path = PlainString()
         size = serializers.IntegerField(min_value=0)
 
-    class Input(serializers.Serializer):
+    class WorkerCheckpointsIn(serializers.Serializer):
         step = serializers.IntegerField(min_value=0)
         final = serializers.BooleanField(default=False)
         files = serializers.ListField(child=serializers.DictField(), allow_empty=False)
 
-    @extend_schema(request=Input, responses=serializers.DictField())
+    @extend_schema(request=WorkerCheckpointsIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(self.WorkerCheckpointsIn, request.data)
         files = serializers.ListSerializer(child=self.File(), data=data["files"])
         files.is_valid(raise_exception=True)
         checkpoint = worker_services.register_checkpoint(
@@ -521,16 +522,16 @@ class WorkerCheckpointsView(WorkerView):
 
 
 class WorkerCompleteView(WorkerView):
-    class Input(serializers.Serializer):
+    class WorkerCompleteIn(serializers.Serializer):
         ok = serializers.BooleanField()
         error_code = serializers.CharField(required=False, allow_null=True, default=None)
         message = serializers.CharField(
             required=False, allow_blank=True, default="", trim_whitespace=False
         )
 
-    @extend_schema(request=Input, responses=serializers.DictField())
+    @extend_schema(request=WorkerCompleteIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(self.WorkerCompleteIn, request.data)
         return _ok(
             worker_services.complete(
                 job=self.job, ok=data["ok"], error_code=data["error_code"], message=data["message"]

@@ -2,7 +2,13 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,6 +22,7 @@ from volumes.stores import BadDigest, LocalStore, StoreError, get_store
 BATCH_LIMIT = 500
 
 
+@extend_schema_field(OpenApiTypes.STR)
 class PlainString(serializers.Field):
     """A string taken as sent (no trimming, no NUL check): the service's own rule decides."""
 
@@ -120,7 +127,7 @@ class VolumeScopedView(WorkspaceView):
 
 
 class VolumesView(WorkspaceView):
-    class Input(serializers.Serializer):
+    class VolumesIn(serializers.Serializer):
         name = PlainString()
         region = serializers.CharField(required=False, allow_null=True)
 
@@ -128,9 +135,9 @@ class VolumesView(WorkspaceView):
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_volumes(workspace=self.workspace), VolumeOut)
 
-    @extend_schema(request=Input, responses={200: VolumeOut, 201: VolumeOut})
+    @extend_schema(request=VolumesIn, responses={200: VolumeOut, 201: VolumeOut})
     def post(self, request: Request) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(self.VolumesIn, request.data)
         volume, created = services.create_volume(workspace=self.workspace, **data)
         return Response(VolumeOut(volume).data, status=201 if created else 200)
 
@@ -172,16 +179,16 @@ class VolumeFilesView(VolumeScopedView):
 
 
 class UploadsBatchView(VolumeScopedView):
-    class Input(serializers.Serializer):
+    class UploadsBatchIn(serializers.Serializer):
         files = Batch(FileIn)
 
     @extend_schema(
-        request=Input,
+        request=UploadsBatchIn,
         responses={201: inline_serializer("UploadBatch", {"data": UploadInstructions})},
     )
     def post(self, request: Request, volume_id: str) -> Response:
         volume = self.volume(volume_id)
-        data = self.validated(self.Input, request.data)
+        data = self.validated(self.UploadsBatchIn, request.data)
         files = [services.FileToUpload(**f) for f in data["files"]]
         answers = services.start_uploads(volume=volume, files=files)
         return Response({"data": [absolute_urls(request, a) for a in answers]}, status=201)
@@ -203,11 +210,11 @@ class UploadCompleteView(VolumeScopedView):
 
 
 class UploadsCompleteBatchView(VolumeScopedView):
-    class Input(serializers.Serializer):
+    class UploadsCompleteBatchIn(serializers.Serializer):
         uploads = Batch(CompleteItemIn)
 
     @extend_schema(
-        request=Input,
+        request=UploadsCompleteBatchIn,
         responses=inline_serializer(
             "CompleteBatch",
             {
@@ -226,7 +233,7 @@ class UploadsCompleteBatchView(VolumeScopedView):
     )
     def post(self, request: Request, volume_id: str) -> Response:
         volume = self.volume(volume_id)
-        items = self.validated(self.Input, request.data)["uploads"]
+        items = self.validated(self.UploadsCompleteBatchIn, request.data)["uploads"]
         uploads = selectors.get_uploads(volume=volume, upload_ids=[i["upload_id"] for i in items])
         completions, answers = [], []
         for item in items:

@@ -343,3 +343,23 @@ def test_volume_credentials_on_s3_are_scoped_sts_credentials(
     assert creds["kind"] == "s3" and creds["session_token"]
     assert creds["prefix"].endswith(f"/volumes/{mounted['id']}/")
     httpx.get(settings.AWS_ENDPOINT_URL)  # the S3 server is up; moto does not enforce the policy
+
+
+def test_operators_cancel_jobs_from_the_admin(launched, cloud):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    job, worker = launched
+    worker.post(
+        w(job, "logs"), {"lines": [{"seq": 1, "text": "hello from the worker"}]}, format="json"
+    )
+    User.objects.create_superuser("op", "op@example.com", "pw")
+    admin = Client()
+    admin.login(username="op", password="pw")
+    page = admin.get(f"/admin/training/trainingjob/{job.pk}/change/").content.decode()
+    assert "hello from the worker" in page and "provisioning" in page
+    listing = admin.get("/admin/training/trainingjob/?status__exact=provisioning&provider=aws")
+    assert job.public_id in listing.content.decode()
+    admin.post("/admin/training/trainingjob/", {"action": "cancel", "_selected_action": [job.pk]})
+    job.refresh_from_db()
+    assert job.status == S.CANCELLED and cloud.terminated == ["i-0001"]
