@@ -319,6 +319,11 @@ class LocalStoreView(View):
             return JsonResponse(VeriError(str(exc), code="bad_digest").as_body(), status=400)
         except StoreError as exc:
             return JsonResponse(NotFound(str(exc), code="no_such_upload").as_body(), status=404)
+        except OSError as exc:  # the disk refused the write: like an S3 5xx, worth a retry
+            error = VeriError(
+                f"The store could not write: {exc.strerror}.", code="store_unavailable"
+            )
+            return JsonResponse(error.as_body(), status=503)
         response = HttpResponse(status=200)
         response["ETag"] = f'"{etag}"'
         return response

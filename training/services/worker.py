@@ -218,6 +218,8 @@ def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
         prefix = f"workspaces/{job.workspace.public_id}/volumes/{volume['id']}/"
         if isinstance(store, S3Store):
             volume["credentials"] = store.scoped_credentials(prefix, ttl=ttl)
+            for file in volume["files"]:
+                file["key"] = store.full_key(file["object_key"])
         else:
             volume["credentials"] = {"kind": "signed_urls"}
             for file in volume["files"]:

@@ -37,7 +37,8 @@ class S3Store(ObjectStore):
         self.sts = session.client("sts", endpoint_url=endpoint_url)
         self.presigner = Presigner(self.client, session, bucket)
 
-    def _key(self, key: str) -> str:
+    def full_key(self, key: str) -> str:
+        """The object's key in the bucket (store keys are relative to the root prefix)."""
         return self.root + key
 
     def _unkey(self, full: str) -> str:
@@ -47,24 +48,26 @@ class S3Store(ObjectStore):
         self, key: str, *, expires: int, sha256: str | None = None
     ) -> tuple[str, dict[str, str]]:
         headers = {"x-amz-checksum-sha256": _b64(sha256)} if sha256 else {}
-        return self.presigner.url("PUT", self._key(key), expires=expires, headers=headers), headers
+        return self.presigner.url(
+            "PUT", self.full_key(key), expires=expires, headers=headers
+        ), headers
 
     def presign_get(self, key: str, *, expires: int) -> str:
-        return self.presigner.url("GET", self._key(key), expires=expires)
+        return self.presigner.url("GET", self.full_key(key), expires=expires)
 
     def create_multipart(self, key: str) -> str:
-        answer = self.client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key))
+        answer = self.client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key))
         return answer["UploadId"]
 
     def presign_part(self, key: str, *, upload_id: str, number: int, expires: int) -> str:
         params = {"partNumber": str(number), "uploadId": upload_id}
-        return self.presigner.url("PUT", self._key(key), expires=expires, params=params)
+        return self.presigner.url("PUT", self.full_key(key), expires=expires, params=params)
 
     def complete_multipart(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> None:
         try:
             self.client.complete_multipart_upload(
                 Bucket=self.bucket,
-                Key=self._key(key),
+                Key=self.full_key(key),
                 UploadId=upload_id,
                 MultipartUpload={
                     "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in sorted(parts)]
@@ -76,7 +79,7 @@ class S3Store(ObjectStore):
     def abort_multipart(self, key: str, *, upload_id: str) -> None:
         try:
             self.client.abort_multipart_upload(
-                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id
+                Bucket=self.bucket, Key=self.full_key(key), UploadId=upload_id
             )
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "NoSuchUpload":
@@ -85,7 +88,7 @@ class S3Store(ObjectStore):
     def list_multipart(self, prefix: str) -> list[MultipartInProgress]:
         found = []
         paginator = self.client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.full_key(prefix)):
             for upload in page.get("Uploads", []):
                 found.append(
                     MultipartInProgress(
@@ -96,7 +99,7 @@ class S3Store(ObjectStore):
 
     def head(self, key: str) -> StoredObject | None:
         try:
-            answer = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            answer = self.client.head_object(Bucket=self.bucket, Key=self.full_key(key))
         except ClientError as exc:
             if exc.response["Error"]["Code"] in {"404", "NoSuchKey", "NotFound"}:
                 return None
@@ -105,23 +108,23 @@ class S3Store(ObjectStore):
 
     def iter_objects(self, prefix: str) -> Iterator[StoredObject]:
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.full_key(prefix)):
             for item in page.get("Contents", []):
                 yield StoredObject(self._unkey(item["Key"]), item["Size"], item["ETag"].strip('"'))
 
     def open(self, key: str):
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            return self.client.get_object(Bucket=self.bucket, Key=self.full_key(key))["Body"]
         except ClientError as exc:
             raise StoreError(f"{key}: {exc.response['Error'].get('Message') or exc}") from exc
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        self.client.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         for start in range(0, len(keys), DELETE_BATCH):
-            batch = [{"Key": self._key(k)} for k in keys[start : start + DELETE_BATCH]]
+            batch = [{"Key": self.full_key(k)} for k in keys[start : start + DELETE_BATCH]]
             answer = self.client.delete_objects(
                 Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
             )
@@ -131,7 +134,7 @@ class S3Store(ObjectStore):
 
     def scoped_policy(self, prefix: str, *, write: bool) -> dict:
         """An STS session policy: read-only (or write-only) on one prefix of the bucket."""
-        full = self._key(prefix)
+        full = self.full_key(prefix)
         objects = f"arn:aws:s3:::{self.bucket}/{full}*"
         if write:
             actions = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
@@ -168,7 +171,7 @@ class S3Store(ObjectStore):
             "session_token": creds["SessionToken"],
             "expiration": creds["Expiration"].isoformat(),
             "bucket": self.bucket,
-            "prefix": self._key(prefix),
+            "prefix": self.full_key(prefix),
             "endpoint_url": self.endpoint_url,
             "region": settings.AWS_REGION,
         }

@@ -1,0 +1,348 @@
+"""Real training end to end: jobs submitted through /v1, launched by a real qcluster on the local
+provider, trained by the real worker with TRL on a tiny model made here, checkpoints loaded back
+with transformers/peft."""
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from billing.services import open_billing_account
+from providers.models import Instance
+from tests.conftest import REPO, get_url
+from tests.training.conftest import upload_dataset
+from training.models import TrainingJob
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+SHARE_OF_A = (
+    "def reward(completions, **kwargs):\n"
+    "    return [c.count('a') / max(len(c), 1) for c in completions]\n"
+)
+GRPO_ROWS = [{"prompt": f"Tell me about {w}"} for w in ("cats", "rain", "trains", "music")] * 4
+SFT_ROWS = [
+    {"text": f"What is {a} plus {b}? The answer is {a + b}."} for a in range(6) for b in range(6)
+]
+DPO_ROWS = [
+    {"prompt": f"What is {a} plus {a}?", "chosen": f" {2 * a}.", "rejected": " I do not know."}
+    for a in range(24)
+]
+FAST_LORA = {
+    "r": 8,
+    "alpha": 16,
+    "dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-model")
+    subprocess.run(
+        [sys.executable, "-m", "worker.tinymodel", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    return out
+
+
+@pytest.fixture
+def platform(api_client, workspace, live_server, qcluster, settings, tmp_path, local_store_url):
+    """The embedded default, live: API server, qcluster, local provider, local store."""
+    settings.VERI_STORE = local_store_url
+    open_billing_account(workspace=workspace)
+    instances = tmp_path / "instances"
+
+    def start(**env):
+        qcluster(VERI_PUBLIC_URL=live_server.url, VERI_LOCAL_INSTANCES_DIR=str(instances), **env)
+
+    start.instances = instances
+    return start
+
+
+def submit(api_client, rows, **fields) -> str:
+    dataset = upload_dataset(api_client, rows)
+    body = {"dataset_id": dataset["id"], "gpu_type": "cpu", "lora": FAST_LORA} | fields
+    response = api_client.post("/v1/training_jobs", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def wait_settled(job_id: str, timeout: float = 240) -> TrainingJob:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = TrainingJob.objects.filter(public_id=job_id, cost_attributed_at__isnull=False).first()
+        if job:
+            return job
+        time.sleep(0.5)
+    job = TrainingJob.objects.get(public_id=job_id)
+    raise AssertionError(f"{job_id} still {job.status} after {timeout}s")
+
+
+def download_final(api_client, job_id: str, into: Path) -> Path:
+    checkpoints = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
+    [final] = [c for c in checkpoints if c["final"]]
+    for file in final["files"]:
+        target = into / file["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(get_url(api_client, file["url"]))
+    return into
+
+
+def assert_loads_and_generates(folder: Path) -> None:
+    """transformers + peft load the downloaded checkpoint and generate with it (in a subprocess,
+    so the test process does not import torch)."""
+    script = (
+        "import sys\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n"
+        "m = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+        "ids = t('Tell me', return_tensors='pt').input_ids\n"
+        "print('generated', m.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert "generated True" in result.stdout, result.stderr[-2000:]
+
+
+def metric_series(api_client, job_id: str, name: str) -> list[float]:
+    points = api_client.get(f"/v1/training_jobs/{job_id}/metrics", {"limit": 200}).json()["data"]
+    return [p["values"][name] for p in points if name in p["values"]]
+
+
+def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
+    api_client, platform, tiny_model, tmp_path
+):
+    platform()
+    job_id = submit(
+        api_client,
+        GRPO_ROWS,
+        base_model=str(tiny_model),
+        method="grpo",
+        reward_source=SHARE_OF_A,
+        hyperparameters={
+            "learning_rate": 1e-2,
+            "max_steps": 40,
+            "batch_size": 16,
+            "rollouts_per_prompt": 8,
+            "max_response_length": 16,
+            "kl_coef": 0.0,
+        },
+    )
+    job = wait_settled(job_id)
+    assert job.status == "completed", (job.error_code, job.error_message)
+    rewards = metric_series(api_client, job_id, "reward")
+    assert len(rewards) == 40
+    first, last = statistics.mean(rewards[:8]), statistics.mean(rewards[-8:])
+    assert last > first + 0.1, rewards
+    got = api_client.get(f"/v1/training_jobs/{job_id}").json()
+    assert got["last_step"] == 40 and got["started_at"] and float(got["cost_usd"]) > 0
+    full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+    assert "[veri] training finished at step 40" in full
+    folder = download_final(api_client, job_id, tmp_path / "ckpt")
+    assert (folder / "adapter_config.json").exists() and (folder / "tokenizer.json").exists()
+    assert_loads_and_generates(folder)
+
+
+def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_path):
+    platform(VERI_LOCAL_SLOTS="2")
+    sft = submit(
+        api_client,
+        SFT_ROWS,
+        base_model=str(tiny_model),
+        method="sft_text",
+        hyperparameters={
+            "learning_rate": 5e-3,
+            "max_steps": 20,
+            "batch_size": 8,
+            "max_seq_length": 64,
+        },
+    )
+    dpo = submit(
+        api_client,
+        DPO_ROWS,
+        base_model=str(tiny_model),
+        method="dpo",
+        hyperparameters={
+            "learning_rate": 5e-3,
+            "max_steps": 10,
+            "batch_size": 8,
+            "max_seq_length": 64,
+        },
+    )
+    for job_id in (sft, dpo):
+        job = wait_settled(job_id)
+        assert job.status == "completed", (job.error_code, job.error_message)
+        assert (
+            "training finished"
+            in api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+        )
+        assert_loads_and_generates(download_final(api_client, job_id, tmp_path / job_id))
+    losses = metric_series(api_client, sft, "loss")
+    assert len(losses) >= 20 and statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) * 0.7
+    margins = metric_series(api_client, dpo, "rewards/margins")
+    assert len(margins) == 10
+
+
+def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
+    api_client, platform, tiny_model
+):
+    platform(VERI_WATCH_PERIOD_SECONDS="1")
+    job_id = submit(
+        api_client,
+        SFT_ROWS * 4,
+        base_model=str(tiny_model),
+        method="sft_text",
+        checkpoint_every=5,
+        checkpoint_keep=2,
+        heartbeat_timeout_seconds=30,
+        hyperparameters={
+            "learning_rate": 5e-3,
+            "max_steps": 200,
+            "batch_size": 2,
+            "max_seq_length": 64,
+        },
+    )
+    # Let it pass step 10, then kill the worker (the instance itself stays up, like an OOM kill).
+    deadline = time.monotonic() + 180
+    while (TrainingJob.objects.get(public_id=job_id).last_step or 0) < 12:
+        assert time.monotonic() < deadline, "the job never reached step 12"
+        time.sleep(0.2)
+    instance = Instance.objects.get(job__public_id=job_id)
+    host_pid = int(instance.external_id.split(":")[0])
+    children = subprocess.run(
+        ["pgrep", "-P", str(host_pid)], capture_output=True, text=True
+    ).stdout.split()
+    for pid in children:
+        os.kill(int(pid), signal.SIGKILL)
+    killed_at = time.monotonic()
+    job = wait_settled(job_id, timeout=120)
+    assert (job.status, job.error_code) == ("failed", "heartbeat_timeout"), job.error_message
+    assert time.monotonic() - killed_at < 30 + 20  # the deadline, plus the watchdog's period
+    instance.refresh_from_db()
+    assert instance.terminated_at is not None
+    checkpoints = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
+    assert len(checkpoints) == 2 and all(not c["final"] for c in checkpoints)
+    newest = max(c["step"] for c in checkpoints)
+    assert newest >= 10
+
+    resumed = api_client.post(f"/v1/training_jobs/{job_id}/resume", {}, format="json").json()
+    TrainingJob.objects.filter(public_id=resumed["id"]).update(
+        hyperparameters={**job.hyperparameters, "max_steps": newest + 3}
+    )
+    job = wait_settled(resumed["id"])
+    assert job.status == "completed", (job.error_code, job.error_message)
+    steps = [
+        p["step"]
+        for p in api_client.get(f"/v1/training_jobs/{resumed['id']}/metrics").json()["data"]
+    ]
+    assert min(steps) == newest + 1 and job.last_step == newest + 3
+    full = api_client.get(f"/v1/training_jobs/{resumed['id']}/logs/full").content.decode()
+    assert f"at step {newest}" in full
+
+
+def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_model, workspace):
+    from volumes import services as volume_services
+    from volumes.models import Volume, VolumeFile
+    from volumes.stores import get_store
+
+    platform(VERI_LOCAL_SLOTS="3")
+    raising = submit(
+        api_client,
+        GRPO_ROWS,
+        base_model=str(tiny_model),
+        method="grpo",
+        reward_source="def reward(completions, **kw):\n    raise ValueError('bad reward')\n",
+        hyperparameters={
+            "max_steps": 2,
+            "batch_size": 8,
+            "rollouts_per_prompt": 8,
+            "max_response_length": 8,
+        },
+    )
+    volume, _ = volume_services.create_volume(workspace=workspace, name="corpus")
+    started = volume_services.start_uploads(
+        volume=volume,
+        files=[volume_services.FileToUpload(path=f"part-{i}.jsonl", size=5) for i in range(3)],
+    )
+    for answer in started:
+        get_store().put_bytes(
+            volume.uploads.get(public_id=answer["upload_id"]).object_key, b"12345"
+        )
+    volume_services.complete_uploads(
+        volume=Volume.objects.get(pk=volume.pk),
+        completions=[volume_services.Completion(u) for u in volume.uploads.all()],
+    )
+    get_store().delete(
+        [VolumeFile.objects.get(path="part-1.jsonl").object_key]
+    )  # gone from the store
+    incomplete = submit(
+        api_client,
+        SFT_ROWS,
+        base_model=str(tiny_model),
+        method="sft_text",
+        volumes=["corpus"],
+        hyperparameters={"max_steps": 1},
+    )
+    for job_id, code in [(raising, "training_error"), (incomplete, "volume_sync_incomplete")]:
+        job = wait_settled(job_id)
+        assert (job.status, job.error_code) == ("failed", code), job.error_message
+    assert "part-1.jsonl" in TrainingJob.objects.get(public_id=incomplete).error_message
+    full = api_client.get(f"/v1/training_jobs/{raising}/logs/full").content.decode()
+    assert "Traceback" in full and "ValueError: bad reward" in full
+
+
+def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, workspace, settings):
+    from volumes import services as volume_services
+    from volumes.models import Volume
+    from volumes.stores import get_store
+
+    platform(VERI_LOCAL_SLOTS="2", VERI_ASSUME_FREE_DISK_BYTES="100")
+    volume, _ = volume_services.create_volume(workspace=workspace, name="big")
+    [answer] = volume_services.start_uploads(
+        volume=volume, files=[volume_services.FileToUpload(path="data.bin", size=1000)]
+    )
+    get_store().put_bytes(volume.uploads.get().object_key, b"x" * 1000)
+    volume_services.complete_uploads(
+        volume=Volume.objects.get(pk=volume.pk),
+        completions=[volume_services.Completion(volume.uploads.get())],
+    )
+    too_big = submit(
+        api_client,
+        SFT_ROWS,
+        base_model=str(tiny_model),
+        method="sft_text",
+        volumes=["big"],
+        hyperparameters={"max_steps": 1},
+    )
+    refused = submit(
+        api_client,
+        SFT_ROWS,
+        base_model=str(tiny_model),
+        method="sft_text",
+        hyperparameters={"max_steps": 2},
+    )
+    # The store cannot write under the job's final/ folder: a file stands where it should be.
+    job = TrainingJob.objects.select_related("workspace").get(public_id=refused)
+    blocker = (
+        Path(settings.VERI_STORE.removeprefix("file://")) / "objects" / job.output_prefix / "final"
+    )
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder")
+    job = wait_settled(too_big)
+    assert (job.status, job.error_code) == ("failed", "volume_too_large_for_node"), (
+        job.error_message
+    )
+    job = wait_settled(refused)
+    assert (job.status, job.error_code) == ("failed", "upload_failed"), job.error_message
+    assert "adapter_model.safetensors" in job.error_message and "503" in job.error_message

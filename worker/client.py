@@ -1,0 +1,137 @@
+"""The worker's line to the control plane: retries with backoff, and a shipper thread that buffers
+logs and metrics and sends them every second, so training goes on while the API is unreachable
+and the buffer drains when it is back."""
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+
+import httpx
+
+log = logging.getLogger("veri.worker")
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+
+
+class ControlPlaneError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class ControlPlane:
+    def __init__(self, *, api_url: str, job_id: str, token: str, timeout: float = 30.0):
+        self.http = httpx.Client(
+            base_url=f"{api_url.rstrip('/')}/v1/worker/jobs/{job_id}",
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "veri-worker/0.1"},
+        )
+
+    def call(self, method: str, path: str, *, json=None, attempts: int = 8) -> dict:
+        """One request, retried on connection errors, 5xx and 429 (about 2 minutes in all)."""
+        for attempt in range(attempts):
+            try:
+                response = self.http.request(method, path, json=json)
+            except httpx.TransportError as exc:
+                if attempt == attempts - 1:
+                    raise ControlPlaneError(0, f"control plane unreachable: {exc}") from exc
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    if response.status_code >= 400:
+                        try:
+                            message = response.json()["error"]["message"]
+                        except (ValueError, KeyError, TypeError):
+                            message = response.text[:300]
+                        raise ControlPlaneError(response.status_code, message)
+                    return response.json() if response.content else {}
+                if attempt == attempts - 1:
+                    raise ControlPlaneError(response.status_code, response.text[:300])
+            time.sleep(min(0.5 * 2**attempt, 20) * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+
+class Shipper:
+    """Buffers log lines and metric points, ships them every `interval` seconds, and sends a
+    heartbeat with the current step every `heartbeat_interval` seconds."""
+
+    MAX_BUFFERED_LINES = 200_000  # beyond this the oldest lines are dropped (and counted)
+
+    def __init__(
+        self, api: ControlPlane, *, interval: float = 1.0, heartbeat_interval: float = 10.0
+    ):
+        self.api, self.interval, self.heartbeat_interval = api, interval, heartbeat_interval
+        self.lines: deque = deque()
+        self.points: list[dict] = []
+        self.seq, self.step, self.dropped = 0, None, 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="veri-shipper", daemon=True)
+        self.last_heartbeat = 0.0
+
+    def start(self) -> "Shipper":
+        self.thread.start()
+        return self
+
+    def line(self, text: str) -> None:
+        with self.lock:
+            if len(self.lines) >= self.MAX_BUFFERED_LINES:
+                self.lines.popleft()
+                self.dropped += 1
+            self.lines.append({"seq": self.seq, "text": text})
+            self.seq += 1
+
+    def metrics(self, step: int, values: dict) -> None:
+        with self.lock:
+            self.points.append({"step": step, "values": values})
+            self.step = max(self.step or 0, step)
+
+    def set_step(self, step: int) -> None:
+        with self.lock:
+            self.step = max(self.step or 0, step)
+
+    def flush(self) -> bool:
+        """Send what is buffered; True when everything got through."""
+        with self.lock:
+            lines, points = list(self.lines)[:2000], list(self.points)
+        try:
+            if lines:
+                self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)
+                with self.lock:
+                    for _ in lines:
+                        self.lines.popleft()
+            if points:
+                self.api.call("POST", "/metrics", json={"points": points}, attempts=1)
+                with self.lock:
+                    del self.points[: len(points)]
+            if time.monotonic() - self.last_heartbeat >= self.heartbeat_interval:
+                self.api.call("POST", "/heartbeat", json={"step": self.step}, attempts=1)
+                self.last_heartbeat = time.monotonic()
+        except ControlPlaneError as exc:
+            if exc.status in (400, 401, 404):
+                raise  # the job is gone or the batch is refused: retrying cannot help
+            return False
+        with self.lock:
+            return not self.lines and not self.points
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.interval):
+            try:
+                self.flush()
+            except ControlPlaneError as exc:
+                log.warning("shipping stopped: %s", exc)
+                return
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Stop the thread, then drain the buffer (trying for up to `timeout` seconds)."""
+        self.stopping.set()
+        self.thread.join()
+        deadline = time.monotonic() + timeout
+        self.last_heartbeat = 0.0
+        while time.monotonic() < deadline:
+            try:
+                if self.flush():
+                    return
+            except ControlPlaneError:
+                return
+            time.sleep(1)

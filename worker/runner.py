@@ -1,0 +1,233 @@
+"""The worker's steps: register → spec → mount volumes → load → train → checkpoints → upload →
+complete. Training runs in a child process (`worker.train`) whose output is the job's log and whose
+events (JSON lines on a pipe) drive metrics, heartbeats and checkpoint uploads; whatever happens to
+it, the runner reports how the job ended."""
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from worker.client import ControlPlane, ControlPlaneError, Shipper
+from worker.errors import JobFailure
+from worker.volumes import mount_volumes
+
+
+class Runner:
+    def __init__(self, *, job_id: str, api_url: str, token: str, work_dir: Path, mount_root: Path):
+        self.api = ControlPlane(api_url=api_url, job_id=job_id, token=token)
+        self.job_id, self.work, self.mount_root = job_id, work_dir, mount_root
+        self.shipper: Shipper | None = None
+        self.http = httpx.Client(timeout=600)
+        self.upload_failures: dict[str, str] = {}
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        if self.shipper:
+            self.shipper.line(text)
+
+    def run(self) -> int:
+        try:
+            self.api.call(
+                "POST",
+                "/register",
+                json={"hostname": platform.node(), "python": platform.python_version()},
+            )
+            spec = self.api.call("GET", "/spec")
+            self.shipper = Shipper(
+                self.api, heartbeat_interval=spec["heartbeat_interval_seconds"]
+            ).start()
+            self.say(f"[veri] worker for {self.job_id}: {spec['method']} on {spec['base_model']}")
+            free = os.environ.get("VERI_ASSUME_FREE_DISK_BYTES")  # for nodes that misreport disk
+            mounts = mount_volumes(self.api, self.mount_root, self.say, int(free) if free else None)
+            job = self.prepare(spec, mounts)
+            self.train(job)
+            self.upload_final(job)
+            self.finish(ok=True)
+            return 0
+        except JobFailure as failure:
+            self.say(f"[veri] failed: {failure.code}: {failure.message}")
+            self.finish(ok=False, code=failure.code, message=failure.message)
+        except ControlPlaneError as exc:
+            print(f"[veri] the control plane refused or could not be reached: {exc}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a crash in the worker itself is still reported
+            self.say(traceback.format_exc())
+            self.finish(ok=False, code="training_error", message=f"the worker crashed: {exc!r}")
+        return 1
+
+    def finish(self, *, ok: bool, code: str | None = None, message: str = "") -> None:
+        if self.shipper:
+            self.shipper.close()
+        body = {"ok": ok} if ok else {"ok": False, "error_code": code, "message": message}
+        try:
+            self.api.call("POST", "/complete", json=body)
+        except ControlPlaneError as exc:
+            print(f"[veri] could not report the result: {exc}", flush=True)
+
+    def prepare(self, spec: dict, mounts: dict) -> dict:
+        """The child's job file: the spec with local paths for data, model and resume point."""
+        self.work.mkdir(parents=True, exist_ok=True)
+        job = dict(spec, output_dir=str(self.work / "output"), final_dir=str(self.work / "final"))
+        data = dict(spec["dataset"])
+        if data["source"] == "upload":
+            target = self.work / "dataset.jsonl"
+            self.fetch(data["url"], target)
+            data["local_path"] = str(target)
+        elif data["source"] == "volume":
+            data["local_path"] = str(mounts[data["volume"]] / data["path"])
+        job["dataset"] = data
+        base = spec["base_model"]
+        if base.startswith("volume://"):
+            name, _, path = base.removeprefix("volume://").partition("/")
+            job["model_path"] = str(mounts[name] / path)
+        else:
+            job["model_path"] = base  # a local folder, or a hub id when the worker has network
+        if resume := spec.get("resume_from"):
+            folder = Path(job["output_dir"]) / f"checkpoint-{resume['step']}"
+            for file in resume["files"]:
+                self.fetch(file["url"], folder / file["path"])
+            job["resume_path"] = str(folder)
+            self.say(f"[veri] resuming from {resume['checkpoint_id']} at step {resume['step']}")
+        return job
+
+    def fetch(self, url: str, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with self.http.stream("GET", url) as response:
+            response.raise_for_status()
+            with target.open("wb") as out:
+                for chunk in response.iter_bytes(1024 * 1024):
+                    out.write(chunk)
+
+    def train(self, job: dict) -> None:
+        job_file = self.work / "job.json"
+        job_file.write_text(json.dumps(job))
+        read_fd, write_fd = os.pipe()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "worker.train", str(job_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=[write_fd],
+            env={**os.environ, "VERI_EVENTS_FD": str(write_fd), "PYTHONUNBUFFERED": "1"},
+        )
+        os.close(write_fd)
+        outcome: dict = {}
+        pump = threading.Thread(target=self._pump_output, args=(child,), daemon=True)
+        pump.start()
+        with os.fdopen(read_fd) as events:
+            for raw in events:
+                self._on_event(json.loads(raw), outcome)
+        status = child.wait()
+        pump.join()
+        if "error" in outcome:
+            raise JobFailure(outcome["error"]["code"], outcome["error"]["message"])
+        if status != 0:
+            how = f"was killed by signal {-status}" if status < 0 else f"exited with {status}"
+            raise JobFailure("training_error", f"the training process {how}")
+        job["final_step"] = outcome.get("finished", {}).get("step", 0)
+
+    def _pump_output(self, child: subprocess.Popen) -> None:
+        for raw in iter(child.stdout.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\n")
+            print(text, flush=True)
+            self.shipper.line(text)
+
+    def _on_event(self, event: dict, outcome: dict) -> None:
+        kind = event["event"]
+        if kind == "running":
+            self.api.call("POST", "/status", json={"status": "running"})
+        elif kind == "step":
+            self.shipper.set_step(event["step"])
+        elif kind == "metrics":
+            self.shipper.metrics(event["step"], event["values"])
+        elif kind == "checkpoint":
+            try:
+                self.upload_checkpoint(
+                    Path(event["path"]),
+                    event["step"],
+                    f"checkpoints/step-{event['step']:08d}",
+                    final=False,
+                )
+            except JobFailure as failure:  # the job goes on; the final upload decides
+                self.say(f"[veri] checkpoint {event['step']} was not saved: {failure.message}")
+        elif kind in ("error", "finished"):
+            outcome[kind] = event
+
+    def upload_checkpoint(self, folder: Path, step: int, remote: str, *, final: bool) -> None:
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        relative = [p.relative_to(folder).as_posix() for p in files]
+        answer = self.api.call(
+            "POST", "/output-credentials", json={"paths": [f"{remote}/{r}" for r in relative]}
+        )
+        failures: dict[str, str] = {}
+
+        def put(item) -> None:
+            path, target = item
+            try:
+                headers = {**target["headers"], "Content-Type": "application/octet-stream"}
+                for _attempt in range(4):
+                    with path.open("rb") as body:
+                        response = self.http.put(
+                            target["url"],
+                            content=body,
+                            headers={**headers, "Content-Length": str(path.stat().st_size)},
+                        )
+                    if response.status_code < 500:
+                        break
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                reason = (
+                    f"HTTP {exc.response.status_code}"
+                    if isinstance(exc, httpx.HTTPStatusError)
+                    else type(exc).__name__
+                )
+                failures[target["path"]] = f"{reason}: {exc}"[:300]
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(put, zip(files, answer["files"], strict=True)))
+        if failures:
+            listed = "; ".join(f"{path}: {why}" for path, why in sorted(failures.items()))
+            raise JobFailure("upload_failed", f"could not upload {len(failures)} file(s): {listed}")
+        self.api.call(
+            "POST",
+            "/checkpoints",
+            json={
+                "step": step,
+                "final": final,
+                "files": [
+                    {"path": r, "size": p.stat().st_size}
+                    for r, p in zip(relative, files, strict=True)
+                ],
+            },
+        )
+        self.say(
+            f"[veri] {'final model' if final else f'checkpoint {step}'} saved ({len(files)} files)"
+        )
+
+    def upload_final(self, job: dict) -> None:
+        final = Path(job["final_dir"])
+        (final / "training_args.bin").unlink(missing_ok=True)  # a pickle; not part of the model
+        self.upload_checkpoint(final, job["final_step"], "final", final=True)
+
+
+def run(*, job_id: str, api_url: str) -> int:
+    token = os.environ.get("VERI_JOB_TOKEN")
+    if not token:
+        print("VERI_JOB_TOKEN is not set", file=sys.stderr)
+        return 2
+    work = Path(os.environ.get("VERI_WORK_DIR") or tempfile.mkdtemp(prefix="veri-"))
+    mount_root = Path(os.environ.get("VERI_MOUNT_ROOT") or "/mnt")
+    try:
+        return Runner(
+            job_id=job_id, api_url=api_url, token=token, work_dir=work, mount_root=mount_root
+        ).run()
+    finally:
+        shutil.rmtree(work / "output", ignore_errors=True)

@@ -1,0 +1,289 @@
+"""The training process: `python -m worker.train JOB_JSON`, started by the worker's runner.
+
+It loads the model and data, trains with TRL (GRPO, SFT or DPO; LoRA by default), and reports
+structured events (running, step, metrics, checkpoint saved, error) as JSON lines on the file
+descriptor in VERI_EVENTS_FD; its stdout and stderr are the job's log. Any failure ends with one
+`error` event carrying a catalog code, and exit status 1.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from worker.errors import JobFailure
+
+
+class Events:
+    def __init__(self):
+        fd = os.environ.get("VERI_EVENTS_FD")
+        self.stream = os.fdopen(int(fd), "w", buffering=1) if fd else None
+
+    def emit(self, kind: str, **data) -> None:
+        if self.stream:
+            self.stream.write(json.dumps({"event": kind, **data}) + "\n")
+            self.stream.flush()
+
+
+def load_reward(source: str):
+    """The customer's reward: `reward(...)`, or a function marked with @reward_function."""
+    namespace = {"__name__": "veri_reward"}
+    try:
+        exec(compile(source, "reward.py", "exec"), namespace)  # customer code, on the worker only
+    except ImportError as exc:
+        raise JobFailure(
+            "dependency_error", f"the reward source imports a missing package: {exc}"
+        ) from exc
+    candidates = [
+        v for v in namespace.values() if callable(v) and getattr(v, "__veri_reward__", False)
+    ]
+    function = namespace.get("reward") or (candidates[0] if candidates else None)
+    if function is None:
+        raise JobFailure("config_error", "reward_source defines no `reward` function")
+
+    def reward_func(prompts, completions, **kwargs):
+        try:
+            scores = function(prompts=prompts, completions=completions, **kwargs)
+            return [float(score) for score in scores]
+        except Exception as exc:
+            traceback.print_exc()
+            raise JobFailure(
+                "training_error", f"the reward function raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    reward_func.__name__ = getattr(function, "__name__", "reward")
+    return reward_func
+
+
+def row_problem(method: str, row: dict) -> str | None:
+    def ok(value) -> bool:
+        return (isinstance(value, str) and bool(value)) or (
+            isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+        )
+
+    need = {
+        "grpo": [("prompt",)],
+        "sft_text": [("text", "messages")],
+        "dpo": [("prompt",), ("chosen",), ("rejected",)],
+    }[method]
+    for options in need:
+        if not any(ok(row.get(key)) for key in options):
+            return f"needs {' or '.join(repr(k) for k in options)}"
+    return None
+
+
+def load_rows(spec: dict) -> list[dict]:
+    data = spec["dataset"]
+    if data["source"] == "hf":
+        from datasets import load_dataset
+
+        try:
+            loaded = load_dataset(data["repo"], split=data["split"], revision=data["revision"])
+        except Exception as exc:
+            raise JobFailure("training_error", f"could not load {data['repo']}: {exc}") from exc
+        return [dict(row) for row in loaded]
+    rows = []
+    with open(data["local_path"], encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise JobFailure(
+                    "invalid_dataset", f"line {number} is not valid JSON ({exc})"
+                ) from exc
+            if not isinstance(row, dict) or (problem := row_problem(spec["method"], row)):
+                raise JobFailure(
+                    "invalid_dataset", f"line {number} {problem or 'is not a JSON object'}"
+                )
+            rows.append(row)
+    if not rows:
+        raise JobFailure("invalid_dataset", "the dataset has no rows")
+    return rows
+
+
+def make_callback(events: Events):
+    from transformers import TrainerCallback
+
+    class VeriCallback(TrainerCallback):
+        """Per-step metrics, the step for heartbeats, and each saved checkpoint."""
+
+        def __init__(self):
+            self.last_tokens, self.last_time = None, time.monotonic()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            events.emit("running", step=state.global_step)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            events.emit("step", step=state.global_step)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            values = {
+                k: float(v)
+                for k, v in (logs or {}).items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            }
+            tokens = values.get("num_tokens")
+            now = time.monotonic()
+            if tokens is not None and self.last_tokens is not None and now > self.last_time:
+                values["tokens_per_second"] = (tokens - self.last_tokens) / (now - self.last_time)
+            if tokens is not None:
+                self.last_tokens, self.last_time = tokens, now
+            if values:
+                events.emit("metrics", step=state.global_step, values=values)
+
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            events.emit("checkpoint", step=state.global_step, path=str(folder))
+
+    return VeriCallback()
+
+
+def build_trainer(spec: dict, rows: list[dict], events: Events):
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hp, lora, method = spec["hyperparameters"], spec["lora"], spec["method"]
+    cuda = torch.cuda.is_available() and spec["gpu_type"] != "cpu"
+    if (lora.get("quantization") or lora.get("unsloth")) and not cuda:
+        raise JobFailure("config_error", "QLoRA and Unsloth need a CUDA GPU; this machine has none")
+    model_kwargs = {}
+    if lora.get("quantization") == "4bit":
+        from transformers import BitsAndBytesConfig
+
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        )
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(spec["model_path"], **model_kwargs)
+    targets = lora["target_modules"]
+    peft_config = LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        task_type="CAUSAL_LM",
+        target_modules=targets if targets != "all-linear" else "all-linear",
+    )
+    batch = hp["batch_size"]
+    micro = hp.get("micro_batch_size") or batch
+    common = {
+        "output_dir": spec["output_dir"],
+        "learning_rate": hp["learning_rate"],
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": hp.get("gradient_accumulation_steps")
+        or max(1, batch // micro),
+        "warmup_steps": hp.get("warmup_ratio", 0.0),  # a float below 1 is a ratio of all steps
+        "weight_decay": hp.get("weight_decay", 0.0),
+        "lr_scheduler_type": hp.get("lr_scheduler", "linear"),
+        "seed": hp.get("seed", 42),
+        "logging_steps": 1,
+        "report_to": "none",
+        "use_cpu": not cuda,
+        "bf16": cuda and torch.cuda.is_bf16_supported(),
+        "gradient_checkpointing": False,
+        "save_strategy": "steps" if spec.get("checkpoint_every") else "no",
+        "save_steps": spec.get("checkpoint_every") or 500,
+        "save_total_limit": (spec.get("checkpoint_keep") or 2) + 1,
+        "disable_tqdm": True,
+    }
+    if "max_steps" in hp:
+        common["max_steps"] = hp["max_steps"]
+    if "epochs" in hp:
+        common["num_train_epochs"] = hp["epochs"]
+    dataset = Dataset.from_list(rows)
+    try:
+        if method == "grpo":
+            from trl import GRPOConfig, GRPOTrainer
+
+            config = GRPOConfig(
+                **common,
+                num_generations=hp["rollouts_per_prompt"],
+                max_completion_length=hp["max_response_length"],
+                beta=hp["kl_coef"],
+                temperature=hp["temperature"],
+            )
+            trainer = GRPOTrainer(
+                model=model,
+                reward_funcs=[load_reward(spec["reward_source"])],
+                args=config,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
+        elif method == "sft_text":
+            from trl import SFTConfig, SFTTrainer
+
+            config = SFTConfig(**common, max_length=hp["max_seq_length"])
+            trainer = SFTTrainer(
+                model=model,
+                args=config,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
+        else:
+            from trl import DPOConfig, DPOTrainer
+
+            config = DPOConfig(**common, beta=hp["beta"], max_length=hp["max_seq_length"])
+            trainer = DPOTrainer(
+                model=model,
+                args=config,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config,
+            )
+    except (ValueError, TypeError) as exc:
+        traceback.print_exc()
+        raise JobFailure("config_error", f"the trainer refused this configuration: {exc}") from exc
+    trainer.add_callback(make_callback(events))
+    return trainer, tokenizer
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """The catalog code for an exception raised while loading or training."""
+    if isinstance(exc, JobFailure):
+        return exc.code, exc.message
+    cause = exc.__cause__ if isinstance(exc.__cause__, JobFailure) else None
+    if cause:
+        return cause.code, cause.message
+    text = f"{type(exc).__name__}: {exc}"
+    if "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower():
+        return "oom", f"the GPU ran out of memory ({text})"
+    if isinstance(exc, ImportError):
+        return "dependency_error", f"a package is missing: {text}"
+    return "training_error", text
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    events = Events()
+    try:
+        rows = load_rows(spec)
+        print(f"[veri] {len(rows)} rows; loading {spec['base_model']}", flush=True)
+        trainer, tokenizer = build_trainer(spec, rows, events)
+        trainer.train(resume_from_checkpoint=spec.get("resume_path"))
+        final = Path(spec["final_dir"])
+        trainer.save_model(str(final))
+        tokenizer.save_pretrained(str(final))
+        print(f"[veri] training finished at step {trainer.state.global_step}", flush=True)
+        events.emit("finished", step=trainer.state.global_step, path=str(final))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported with its code
+        if not isinstance(exc, JobFailure):
+            traceback.print_exc()
+        code, message = classify(exc)
+        print(f"[veri] failed: {code}: {message}", file=sys.stderr, flush=True)
+        events.emit("error", code=code, message=message)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Mount volumes: each is synced to `<mount root>/<name>` with short-lived read credentials (scoped
+STS credentials on S3, signed URLs on the local store), many files at once and large files in
+ranged parts, then checked against what the control plane recorded."""
+
+import hashlib
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from worker.client import ControlPlane
+from worker.errors import JobFailure
+
+PART_SIZE = 16 * 1024**2
+RANGED_ABOVE = 64 * 1024**2
+PARALLEL = 16
+REFRESH_MARGIN_SECONDS = 300
+DISK_SHARE = 0.8
+
+
+class Fetcher:
+    """Reads objects of one volume; renews its credentials when they are about to expire."""
+
+    def __init__(self, api: ControlPlane, volume: dict):
+        self.api, self.name, self.lock = api, volume["name"], threading.Lock()
+        self._use(volume)
+        self.http = httpx.Client(timeout=300, limits=httpx.Limits(max_connections=PARALLEL * 2))
+
+    def _use(self, volume: dict) -> None:
+        self.credentials = volume["credentials"]
+        self.urls = {f["path"]: f.get("url") for f in volume["files"]}
+        self.s3 = None
+        if self.credentials["kind"] == "s3":
+            import boto3
+            from botocore.config import Config
+
+            c = self.credentials
+            self.s3 = boto3.client(
+                "s3",
+                endpoint_url=c["endpoint_url"],
+                region_name=c["region"],
+                aws_access_key_id=c["access_key_id"],
+                aws_secret_access_key=c["secret_access_key"],
+                aws_session_token=c["session_token"],
+                config=Config(max_pool_connections=PARALLEL * 2, retries={"max_attempts": 5}),
+            )
+            self.expires = datetime.fromisoformat(c["expiration"])
+        else:
+            self.expires = None
+
+    def _fresh(self) -> None:
+        if self.expires is None:
+            return
+        with self.lock:
+            if (self.expires - datetime.now(UTC)).total_seconds() > REFRESH_MARGIN_SECONDS:
+                return
+            answer = self.api.call("POST", "/volume-credentials")
+            self._use(next(v for v in answer["volumes"] if v["name"] == self.name))
+
+    def read(self, file: dict, start: int | None = None, end: int | None = None) -> bytes:
+        self._fresh()
+        byte_range = f"bytes={start}-{end}" if start is not None else None
+        if self.s3 is not None:
+            kwargs = {"Range": byte_range} if byte_range else {}
+            return self.s3.get_object(Bucket=self.credentials["bucket"], Key=file["key"], **kwargs)[
+                "Body"
+            ].read()
+        response = self.http.get(
+            self.urls[file["path"]], headers={"Range": byte_range} if byte_range else {}
+        )
+        response.raise_for_status()
+        return response.content
+
+
+def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecutor | None) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    size = file["size"]
+    if size > RANGED_ABOVE and pool is not None:
+        with partial.open("wb") as out:
+            out.truncate(size)
+        lock = threading.Lock()
+
+        def part(start: int) -> None:
+            data = fetcher.read(file, start, min(start + PART_SIZE, size) - 1)
+            with lock, partial.open("r+b") as out:
+                out.seek(start)
+                out.write(data)
+
+        list(pool.map(part, range(0, size, PART_SIZE)))
+    else:
+        partial.write_bytes(fetcher.read(file))
+    os.replace(partial, target)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_disk(volumes: list[dict], root: Path, free_override: int | None = None) -> None:
+    need = sum(v["total_bytes"] for v in volumes)
+    free = free_override if free_override is not None else shutil.disk_usage(root).free
+    if need > DISK_SHARE * free:
+        raise JobFailure(
+            "volume_too_large_for_node",
+            f"the volumes need {need} bytes, more than 80% of this node's {free} free bytes; "
+            "pick a GPU type with more disk, or mount less",
+        )
+
+
+def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
+    """Sync one volume under `root/<name>`; raises volume_sync_incomplete naming what is missing."""
+    dest = root / volume["name"]
+    dest.mkdir(parents=True, exist_ok=True)
+    fetcher = Fetcher(api, volume)
+    problems: dict[str, str] = {}
+    started = time.monotonic()
+    small = [f for f in volume["files"] if f["size"] <= RANGED_ABOVE]
+    large = [f for f in volume["files"] if f["size"] > RANGED_ABOVE]
+
+    def fetch(file: dict, pool: ThreadPoolExecutor | None = None) -> None:
+        target = dest / file["path"]
+        try:
+            if not (target.is_file() and target.stat().st_size == file["size"]):
+                _download(fetcher, file, target, pool)
+        except Exception as exc:  # noqa: BLE001 - every failure is named in the report
+            problems[file["path"]] = f"{type(exc).__name__}: {exc}"[:300]
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        list(pool.map(fetch, small))
+        for file in large:  # one at a time, its parts in parallel
+            fetch(file, pool)
+
+        def verify(file: dict) -> None:
+            target = dest / file["path"]
+            if file["path"] in problems:
+                return
+            if not target.is_file():
+                problems[file["path"]] = "missing after sync"
+            elif target.stat().st_size != file["size"]:
+                problems[file["path"]] = f"{target.stat().st_size} bytes, expected {file['size']}"
+            elif file.get("sha256") and _sha256(target) != file["sha256"]:
+                problems[file["path"]] = "sha256 differs from the uploaded file's"
+
+        list(pool.map(verify, volume["files"]))
+    on_disk = [p for p in dest.rglob("*") if p.is_file() and not p.name.endswith(".partial")]
+    count, total = len(on_disk), sum(p.stat().st_size for p in on_disk)
+    if problems or count < volume["file_count"] or total < volume["total_bytes"]:
+        listed = "; ".join(f"{path} ({why})" for path, why in sorted(problems.items())[:20])
+        raise JobFailure(
+            "volume_sync_incomplete",
+            f"volume {volume['name']}: {count} of {volume['file_count']} files, {total} of "
+            f"{volume['total_bytes']} bytes arrived; missing or wrong: {listed or 'unknown'}",
+        )
+    say(
+        f"[veri] mounted {volume['name']} at {dest}: {count} files, {total} bytes in "
+        f"{time.monotonic() - started:.1f}s"
+    )
+    return dest
+
+
+def mount_volumes(api: ControlPlane, root: Path, say, free_override: int | None = None) -> dict:
+    answer = api.call("POST", "/volume-credentials")
+    volumes = answer["volumes"]
+    if not volumes:
+        return {}
+    root.mkdir(parents=True, exist_ok=True)
+    check_disk(volumes, root, free_override)
+    return {v["name"]: sync_volume(api, v, root, say) for v in volumes}
