@@ -50,6 +50,8 @@ class LocalProvider(ProviderAdapter):
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
             "VERI_MOUNT_ROOT": str(folder / "mnt"),
             "VERI_WORK_DIR": str(folder / "work"),
+            # Worker options set on this machine (VERI_WORKER_*) reach its local workers.
+            **{k: v for k, v in os.environ.items() if k.startswith("VERI_WORKER_")},
             **spec.env,
         }
         if spec.gpu_type == "cpu":

@@ -47,7 +47,9 @@ class Runner:
                 self.api, heartbeat_interval=spec["heartbeat_interval_seconds"]
             ).start()
             self.say(f"[veri] worker for {self.job_id}: {spec['method']} on {spec['base_model']}")
-            free = os.environ.get("VERI_ASSUME_FREE_DISK_BYTES")  # for nodes that misreport disk
+            free = os.environ.get(
+                "VERI_WORKER_ASSUME_FREE_DISK_BYTES"
+            )  # for nodes that misreport disk
             mounts = mount_volumes(self.api, self.mount_root, self.say, int(free) if free else None)
             job = self.prepare(spec, mounts)
             self.train(job)

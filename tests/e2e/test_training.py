@@ -100,11 +100,14 @@ def assert_loads_and_generates(folder: Path) -> None:
     """transformers + peft load the downloaded checkpoint and generate with it (in a subprocess,
     so the test process does not import torch)."""
     script = (
-        "import sys\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n"
+        "import sys\n"
+        "from peft import AutoPeftModelForCausalLM\n"
+        "from transformers import AutoTokenizer\n"
         "m = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1])\n"
         "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
         "ids = t('Tell me', return_tensors='pt').input_ids\n"
-        "print('generated', m.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1])\n"
+        "out = m.generate(ids, max_new_tokens=4, do_sample=False)\n"
+        "print('generated', out.shape[1] > ids.shape[1])\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script, str(folder)],
@@ -307,7 +310,7 @@ def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, works
     from volumes.models import Volume
     from volumes.stores import get_store
 
-    platform(VERI_LOCAL_SLOTS="2", VERI_ASSUME_FREE_DISK_BYTES="100")
+    platform(VERI_LOCAL_SLOTS="2", VERI_WORKER_ASSUME_FREE_DISK_BYTES="100")
     volume, _ = volume_services.create_volume(workspace=workspace, name="big")
     [answer] = volume_services.start_uploads(
         volume=volume, files=[volume_services.FileToUpload(path="data.bin", size=1000)]
