@@ -8,7 +8,9 @@ export HF_HUB_OFFLINE := 1
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -r requirements.txt -e ".[sdk,test]"
+	# torch first, pinned: the CPU build; an unpinned torch pulled in by trl would be a CUDA one.
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -r requirements.txt -e ".[sdk,worker,test]"
 	touch $@
 
 install: $(VENV)/.installed

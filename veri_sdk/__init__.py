@@ -10,6 +10,7 @@ from veri_sdk.errors import (
     PaymentRequiredError,
     VeriAPIError,
 )
+from veri_sdk.rewards import reward_function
 from veri_sdk.volumes import UploadFailed
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "PaymentRequiredError",
     "UploadFailed",
     "VeriAPIError",
+    "reward_function",
 ]

@@ -1,5 +1,6 @@
 from veri_sdk.config import resolve
 from veri_sdk.http import ApiTransport, StorageTransport
+from veri_sdk.training import Datasets, TrainingJobs
 from veri_sdk.volumes import Volumes
 
 
@@ -19,3 +20,5 @@ class Client:
         self.api = ApiTransport(base_url=url, api_key=key, timeout=timeout, max_retries=max_retries)
         storage = StorageTransport(timeout=max(timeout, 300.0), max_retries=max_retries)
         self.volumes = Volumes(self.api, storage)
+        self.datasets = Datasets(self.api)
+        self.training_jobs = TrainingJobs(self.api, storage)

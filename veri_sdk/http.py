@@ -127,3 +127,15 @@ class StorageTransport:
                 f"the object store refused the upload (HTTP {response.status_code}): {reason}",
             )
         return response.headers.get("ETag", "").strip('"')
+
+    def get(self, url: str) -> bytes:
+        response = send_with_retries(
+            lambda: self.http.get(url), max_retries=self.max_retries, what="the object store"
+        )
+        if response.status_code >= 300:
+            raise ConnectionFailed(
+                response.status_code,
+                "storage_error",
+                f"the object store refused the download (HTTP {response.status_code})",
+            )
+        return response.content
