@@ -1,0 +1,178 @@
+"""The worker's volume sync (verification included) against `aws s3 sync`, `s5cmd sync` and a
+ceiling (16 threads doing plain boto3 GETs), all from one moto S3 server started here, in one run.
+
+    .venv/bin/python bench/volume_sync.py [--small 1000] [--large 2] [--large-mib 256]
+
+Prints each time and ratios (baseline time / Veri time: above 1 means Veri is faster).
+"""
+
+import argparse
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+import httpx
+from botocore.config import Config
+
+from worker.volumes import sync_volume
+
+BIN = Path(sys.executable).parent
+BUCKET = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", type=int, default=1000)
+    parser.add_argument("--large", type=int, default=2)
+    parser.add_argument("--large-mib", type=int, default=256)
+    args = parser.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    moto = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    work = Path(tempfile.mkdtemp(prefix="veri-sync-bench-"))
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"{url}/moto-api/")
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=url,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            config=Config(signature_version="s3v4", max_pool_connections=32),
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        sets = [
+            ("small", f"{args.small} x 4 KiB", args.small, 4096),
+            ("large", f"{args.large} x {args.large_mib} MiB", args.large, args.large_mib * 1024**2),
+        ]
+        for name, label, count, size in sets:
+            files = []
+            for i in range(count):
+                data = os.urandom(size)
+                key = f"vol/{name}/f{i:05d}.bin"
+                s3.put_object(Bucket=BUCKET, Key=key, Body=data)
+                files.append(
+                    {
+                        "path": f"f{i:05d}.bin",
+                        "size": size,
+                        "key": key,
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
+                )
+                del data
+            volume = {
+                "name": name,
+                "file_count": count,
+                "total_bytes": count * size,
+                "files": files,
+                "credentials": {
+                    "kind": "s3",
+                    "access_key_id": "bench",
+                    "secret_access_key": "bench",
+                    "session_token": "bench",
+                    "expiration": "2099-01-01T00:00:00+00:00",
+                    "bucket": BUCKET,
+                    "endpoint_url": url,
+                    "region": "us-east-1",
+                },
+            }
+            runs = {
+                "veri sync (+verify)": lambda v=volume, n=name: sync_volume(
+                    None, v, work / "veri" / n, lambda _: None
+                ),
+                "aws s3 sync": lambda n=name: subprocess.run(
+                    [
+                        str(BIN / "aws"),
+                        "s3",
+                        "sync",
+                        "--quiet",
+                        f"s3://{BUCKET}/vol/{n}",
+                        str(work / "aws" / n),
+                        "--endpoint-url",
+                        url,
+                    ],
+                    env=env,
+                    check=True,
+                ),
+                "s5cmd sync": lambda n=name: subprocess.run(
+                    [
+                        str(BIN / "s5cmd"),
+                        "--endpoint-url",
+                        url,
+                        "sync",
+                        f"s3://{BUCKET}/vol/{n}/*",
+                        f"{work / 's5cmd' / n}/",
+                    ],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                ),
+                "ceiling (16 GET threads)": lambda f=files, n=name: ceiling(
+                    s3, f, work / "ceiling" / n
+                ),
+            }
+            times = {label_: timed(run) for label_, run in runs.items()}
+            total = count * size / 1024**2
+            print(f"\n{label} ({total:.1f} MiB)")
+            for label_, seconds in times.items():
+                print(f"  {label_:26s} {seconds:7.2f} s  {total / seconds:8.1f} MiB/s")
+            veri = times["veri sync (+verify)"]
+            print(f"  ratio vs aws s3 sync : {times['aws s3 sync'] / veri:.2f}x (>1: veri faster)")
+            print(f"  ratio vs s5cmd sync  : {times['s5cmd sync'] / veri:.2f}x")
+            print(f"  share of ceiling     : {times['ceiling (16 GET threads)'] / veri:.2f}")
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        moto.terminate()
+        moto.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ceiling(s3, files: list[dict], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def get(file: dict) -> None:
+        (dest / file["path"]).write_bytes(
+            s3.get_object(Bucket=BUCKET, Key=file["key"])["Body"].read()
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(get, files))
+
+
+if __name__ == "__main__":
+    main()
