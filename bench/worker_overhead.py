@@ -55,7 +55,8 @@ rows = [json.loads(line) for line in open(data_file)]
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir)
 config = GRPOConfig(output_dir=out, learning_rate=1e-2, max_steps=int(steps),
-    per_device_train_batch_size=16, num_generations=8, max_completion_length=16, beta=0.0, temperature=1.0, logging_steps=1,
+    per_device_train_batch_size=16, num_generations=8, max_completion_length=16, beta=0.0,
+    temperature=1.0, logging_steps=1,
     report_to="none", use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no",
     lr_scheduler_type="constant", seed=42, disable_tqdm=True)
 lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
