@@ -1,0 +1,100 @@
+"""The worker's pieces that need no training: shipping through an outage, error classification,
+reward loading, the disk check."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from worker.client import ControlPlane, Shipper
+from worker.errors import JobFailure
+from worker.train import classify, load_reward
+from worker.volumes import check_disk
+
+
+class FlakyControlPlane(BaseHTTPRequestHandler):
+    """Down (503) while `down` is set; records every log line and metric step it accepts."""
+
+    down = threading.Event()
+    lines: list[int] = []
+    steps: list[int] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if FlakyControlPlane.down.is_set():
+            self.send_response(503)
+            self.end_headers()
+            return
+        if self.path.endswith("/logs"):
+            FlakyControlPlane.lines += [line["seq"] for line in body["lines"]]
+        if self.path.endswith("/metrics"):
+            FlakyControlPlane.steps += [p["step"] for p in body["points"]]
+        payload = b'{"status": "running"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_logs_and_metrics_wait_out_an_outage_and_arrive_in_order():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyControlPlane)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = ControlPlane(api_url=f"http://127.0.0.1:{server.server_port}", job_id="job_x", token="t")
+    shipper = Shipper(api, interval=0.1, heartbeat_interval=0.1).start()
+    try:
+        FlakyControlPlane.down.set()
+        for step in range(50):  # training goes on while the control plane is away
+            shipper.line(f"step {step}")
+            shipper.metrics(step, {"loss": 1.0})
+        time.sleep(0.5)
+        assert FlakyControlPlane.lines == []
+        FlakyControlPlane.down.clear()
+        shipper.close(timeout=10)
+    finally:
+        server.shutdown()
+    assert FlakyControlPlane.lines == list(range(50))
+    assert FlakyControlPlane.steps == list(range(50))
+
+
+def test_errors_are_classified_into_the_catalog():
+    import torch
+
+    assert (
+        classify(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate"))[0] == "oom"
+    )
+    assert classify(ModuleNotFoundError("No module named 'flash_attn'"))[0] == "dependency_error"
+    assert classify(JobFailure("config_error", "bad"))[0] == "config_error"
+    code, message = classify(RuntimeError("something else"))
+    assert (code, message) == ("training_error", "RuntimeError: something else")
+
+
+def test_reward_sources_load_and_their_errors_are_training_errors(capsys):
+    marked = load_reward(
+        "from veri_sdk import reward_function\n\n@reward_function\n"
+        "def score(completions, **kw):\n    return [len(c) for c in completions]\n"
+    )
+    assert marked(prompts=["p", "q"], completions=["ab", "abc"]) == [2.0, 3.0]
+    raising = load_reward("def reward(completions, **kw):\n    raise KeyError('answer')\n")
+    with pytest.raises(JobFailure) as failure:
+        raising(prompts=["p"], completions=["x"])
+    assert failure.value.code == "training_error" and "KeyError" in failure.value.message
+    assert "Traceback" in capsys.readouterr().err
+    with pytest.raises(JobFailure) as missing:
+        load_reward("import not_a_real_package\n")
+    assert missing.value.code == "dependency_error"
+
+
+def test_disk_check_refuses_volumes_over_80_percent_of_free_space(tmp_path):
+    volumes = [{"total_bytes": 600}, {"total_bytes": 200}]
+    check_disk(volumes, tmp_path, free_override=1000)  # exactly 80%: fits
+    with pytest.raises(JobFailure) as refused:
+        check_disk(volumes, tmp_path, free_override=999)
+    assert (
+        refused.value.code == "volume_too_large_for_node" and "800 bytes" in refused.value.message
+    )
