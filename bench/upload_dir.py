@@ -1,7 +1,7 @@
 """`veri volumes upload-dir` against `aws s3 cp --recursive`, `s5cmd cp` and a ceiling (16 threads
 doing plain PUTs straight to the store), all into one moto S3 server started here, in one run.
 
-    .venv/bin/python bench/upload_dir.py [--small 1000] [--large 4] [--large-mib 64]
+    .venv/bin/python -m bench.upload_dir [--small 1000] [--large 4] [--large-mib 64]
 
 Prints each time and the ratios (baseline time / Veri time: above 1 means Veri is faster).
 moto is a single-process server, so the small-file set measures its request rate as much as ours.
@@ -10,38 +10,20 @@ moto is a single-process server, so the small-file set measures its request rate
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import boto3
-import httpx
 from botocore.config import Config
 
+from bench.common import BIN, free_port, start_moto, timed, wait_for
+
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 BUCKET = "bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str) -> None:
-    for _ in range(200):
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 def make_files(root: Path, count: int, size: int) -> Path:
@@ -49,12 +31,6 @@ def make_files(root: Path, count: int, size: int) -> Path:
     for i in range(count):
         (root / f"f{i:05d}.bin").write_bytes(os.urandom(size))
     return root
-
-
-def timed(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
 
 
 def run_veri(folder: Path, env: dict) -> None:
@@ -114,8 +90,9 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="veri-bench-"))
-    s3_port, api_port = free_port(), free_port()
-    s3_url, api_url = f"http://127.0.0.1:{s3_port}", f"http://127.0.0.1:{api_port}"
+    api_port = free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    moto, s3_url = start_moto()
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": "bench",
@@ -125,15 +102,8 @@ def main() -> None:
         "VERI_STORE": f"s3://{BUCKET}/veri",
         "DATABASE_URL": f"sqlite:///{work / 'db.sqlite3'}",
     }
-    processes = [
-        subprocess.Popen(
-            [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(s3_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    ]
+    processes = [moto]
     try:
-        wait_for(f"{s3_url}/moto-api/")
         s3 = boto3.client(
             "s3",
             endpoint_url=s3_url,

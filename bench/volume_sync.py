@@ -1,7 +1,7 @@
 """The worker's volume sync (verification included) against `aws s3 sync`, `s5cmd sync` and a
 ceiling (16 threads doing plain boto3 GETs), all from one moto S3 server started here, in one run.
 
-    .venv/bin/python bench/volume_sync.py [--small 1000] [--large 2] [--large-mib 256]
+    .venv/bin/python -m bench.volume_sync [--small 1000] [--large 2] [--large-mib 256]
 
 Prints each time and ratios (baseline time / Veri time: above 1 means Veri is faster).
 """
@@ -10,34 +10,18 @@ import argparse
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import boto3
-import httpx
 from botocore.config import Config
 
+from bench.common import BIN, start_moto, timed
 from worker.volumes import sync_volume
 
-BIN = Path(sys.executable).parent
 BUCKET = "bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def timed(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -46,27 +30,15 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=2)
     parser.add_argument("--large-mib", type=int, default=256)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": "bench",
         "AWS_SECRET_ACCESS_KEY": "bench",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    moto = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    moto, url = start_moto()
     work = Path(tempfile.mkdtemp(prefix="veri-sync-bench-"))
     try:
-        for _ in range(100):
-            try:
-                httpx.get(f"{url}/moto-api/")
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
         s3 = boto3.client(
             "s3",
             endpoint_url=url,

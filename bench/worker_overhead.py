@@ -1,7 +1,7 @@
 """A GRPO job through Veri (worker register → completed) against the same TRL training in a plain
 script, on a tiny model made here, in one run. Both pay the same imports.
 
-    .venv/bin/python bench/worker_overhead.py [--steps 100]
+    .venv/bin/python -m bench.worker_overhead [--steps 100]
 
 Prints both wall times, both trainers' steps/s, and the ratios.
 """
@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from bench.common import free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 REWARD = (
@@ -67,12 +68,6 @@ result = trainer.train()
 trainer.save_model(out + "/final")
 print("STEPS_PER_SECOND", result.metrics["train_steps_per_second"])
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -140,13 +135,7 @@ def main() -> None:
         ),
     ]
     try:
-        for _ in range(150):
-            try:
-                httpx.get(f"{api_url}/v1/schema", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        sys.path.insert(0, str(REPO))
+        wait_for(f"{api_url}/v1/schema")
         from veri_sdk import Client
 
         client = Client(api_key=key, base_url=api_url)

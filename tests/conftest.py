@@ -2,6 +2,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -10,6 +11,7 @@ import boto3
 import httpx
 import pytest
 from botocore.config import Config
+from django.db import connection
 from rest_framework.test import APIClient
 
 from veri import services as veri_services
@@ -146,3 +148,30 @@ def run_python(*args: str, env: dict | None = None, **kwargs) -> subprocess.Comp
         text=True,
         **kwargs,
     )
+
+
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="row locks and real concurrency need PostgreSQL"
+)
+
+
+def in_threads(count: int, work) -> list:
+    """Run `work(i)` in `count` threads released together; raise if any of them raised."""
+    barrier, results, failures = threading.Barrier(count), [None] * count, []
+
+    def run(index):
+        try:
+            barrier.wait()
+            results[index] = work(index)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    return results

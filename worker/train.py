@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 
 from worker.errors import JobFailure
+from worker.rows import row_problem
 
 
 class Events:
@@ -58,23 +59,6 @@ def load_reward(source: str):
     return reward_func
 
 
-def row_problem(method: str, row: dict) -> str | None:
-    def ok(value) -> bool:
-        return (isinstance(value, str) and bool(value)) or (
-            isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
-        )
-
-    need = {
-        "grpo": [("prompt",)],
-        "sft_text": [("text", "messages")],
-        "dpo": [("prompt",), ("chosen",), ("rejected",)],
-    }[method]
-    for options in need:
-        if not any(ok(row.get(key)) for key in options):
-            return f"needs {' or '.join(repr(k) for k in options)}"
-    return None
-
-
 def load_rows(spec: dict) -> list[dict]:
     data = spec["dataset"]
     if data["source"] == "hf":
@@ -96,10 +80,8 @@ def load_rows(spec: dict) -> list[dict]:
                 raise JobFailure(
                     "invalid_dataset", f"line {number} is not valid JSON ({exc})"
                 ) from exc
-            if not isinstance(row, dict) or (problem := row_problem(spec["method"], row)):
-                raise JobFailure(
-                    "invalid_dataset", f"line {number} {problem or 'is not a JSON object'}"
-                )
+            if problem := row_problem(spec["method"], row):
+                raise JobFailure("invalid_dataset", f"line {number} {problem}")
             rows.append(row)
     if not rows:
         raise JobFailure("invalid_dataset", "the dataset has no rows")

@@ -1,6 +1,5 @@
 """The state machine, provisioning and the watchdog, with the provider faked at its boundary."""
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from providers.base import CapacityError, FundsError, InstanceState, QuotaError
 from providers.models import Instance, LaunchAttempt
+from tests.conftest import in_threads, postgres_only
 from tests.training.conftest import drive
 from training import errors, tasks
 from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
@@ -124,32 +124,6 @@ def test_quota_and_funds_fail_at_once_naming_an_alternative(submit, cloud, exc, 
     assert job.error_attribution == "platform"
     assert "or use: provider=local gpu_type=cpu region=us-east-1" in job.error_message
     assert cloud.launched == []
-
-
-def in_threads(count: int, work) -> list:
-    barrier, results, failures = threading.Barrier(count), [None] * count, []
-
-    def run(index):
-        try:
-            barrier.wait()
-            results[index] = work(index)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures
-    return results
-
-
-postgres_only = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="real concurrency needs PostgreSQL"
-)
 
 
 @postgres_only

@@ -1,15 +1,13 @@
 import base64
 import hashlib
-import threading
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from tests.conftest import assert_error, put_to_url
+from tests.conftest import assert_error, in_threads, postgres_only, put_to_url
 from veri import services as veri_services
 from volumes import services, tasks
 from volumes.models import StoreDeletion, Upload, UsageSnapshot, Volume, VolumeFile
@@ -416,32 +414,6 @@ def test_pagination_walks_every_volume_once(api_client):
     assert seen == list(reversed(names))
     assert_error(api_client.get("/v1/volumes", {"limit": 0}), 400, "invalid_request", field="limit")
     assert_error(api_client.get("/v1/volumes", {"cursor": "!!"}), 400, "invalid_cursor")
-
-
-postgres_only = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="row locks and real concurrency need PostgreSQL"
-)
-
-
-def in_threads(count: int, work) -> list:
-    barrier, results, errors = threading.Barrier(count), [None] * count, []
-
-    def run(index):
-        try:
-            barrier.wait()
-            results[index] = work(index)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    return results
 
 
 @postgres_only
