@@ -16,8 +16,8 @@ import httpx
 from worker.client import ControlPlane
 from worker.errors import JobFailure
 
-PART_SIZE = 16 * 1024**2
-RANGED_ABOVE = 64 * 1024**2
+PART_SIZE = 64 * 1024**2
+RANGED_ABOVE = 128 * 1024**2
 PARALLEL = 16
 REFRESH_MARGIN_SECONDS = 300
 DISK_SHARE = 0.8
@@ -137,8 +137,9 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         list(pool.map(fetch, small))
-        for file in large:  # one at a time, its parts in parallel
-            fetch(file, pool)
+        # Large files side by side, each in ranged parts sharing the same pool.
+        with ThreadPoolExecutor(max(1, min(len(large), 4))) as files_pool:
+            list(files_pool.map(lambda file: fetch(file, pool), large))
 
         def verify(file: dict) -> None:
             target = dest / file["path"]
