@@ -15,6 +15,23 @@ from providers.base import InstanceState, LaunchSpec, ProviderAdapter
 HOST_SCRIPT = Path(__file__).with_name("local_host.py")
 
 
+CONTROL_PLANE_ENV = (
+    "SECRET_KEY",
+    "DATABASE_URL",
+    "DJANGO_",
+    "AWS_",
+    "STRIPE_",
+    "VERI_",
+    "Q_CLUSTER",
+)
+
+
+def _control_plane_only(name: str) -> bool:
+    """Settings and secrets of the control plane, which a worker must not see; worker options
+    (VERI_WORKER_*) pass."""
+    return name.startswith(CONTROL_PLANE_ENV) and not name.startswith("VERI_WORKER_")
+
+
 def _start_time(pid: int) -> str | None:
     """The process's start time (clock ticks since boot), or None when it is gone or a zombie."""
     try:
@@ -45,13 +62,12 @@ class LocalProvider(ProviderAdapter):
             spec.api_url,
         ]
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", str(folder)),
+            # The machine's own environment (BLAS and thread settings, PATH, HOME), as a worker on
+            # a rented box has its box's, less the control plane's credentials and settings.
+            **{k: v for k, v in os.environ.items() if not _control_plane_only(k)},
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
             "VERI_MOUNT_ROOT": str(folder / "mnt"),
             "VERI_WORK_DIR": str(folder / "work"),
-            # Worker options set on this machine (VERI_WORKER_*) reach its local workers.
-            **{k: v for k, v in os.environ.items() if k.startswith("VERI_WORKER_")},
             **spec.env,
         }
         if spec.gpu_type == "cpu":
