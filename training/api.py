@@ -20,6 +20,7 @@ from training.services import worker as worker_services
 from veri.api import WorkspaceView, paginate
 from veri.errors import NotFound, VeriError
 from volumes.api import PlainString
+from volumes.services import validate_path
 from volumes.stores import get_store
 
 MAX_LOG_LINES = 1000
@@ -489,8 +490,6 @@ class WorkerOutputCredentialsView(WorkerView):
 
     @extend_schema(request=WorkerOutputCredentialsIn, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, job_id: str) -> Response:
-        from volumes.services import validate_path
-
         paths = self.validated(self.WorkerOutputCredentialsIn, request.data)["paths"]
         for index, path in enumerate(paths):
             validate_path(path, field=f"paths.{index}")

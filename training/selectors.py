@@ -19,7 +19,9 @@ def get_dataset(*, workspace: Workspace, dataset_id: str) -> Dataset:
 
 
 def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
-    return TrainingJob.objects.filter(workspace=workspace).select_related("workspace", "dataset")
+    return TrainingJob.objects.filter(workspace=workspace).select_related(
+        "workspace", "dataset", "resume_from"
+    )
 
 
 def get_job(*, workspace: Workspace, job_id: str) -> TrainingJob:

@@ -17,6 +17,7 @@ from worker.client import ControlPlane
 from worker.errors import JobFailure
 
 PART_SIZE = 64 * 1024**2
+CHUNK = 1024 * 1024
 RANGED_ABOVE = 128 * 1024**2
 PARALLEL = 16
 REFRESH_MARGIN_SECONDS = 300
@@ -62,19 +63,22 @@ class Fetcher:
             answer = self.api.call("POST", "/volume-credentials")
             self._use(next(v for v in answer["volumes"] if v["name"] == self.name))
 
-    def read(self, file: dict, start: int | None = None, end: int | None = None) -> bytes:
+    def copy(self, file: dict, out, start: int | None = None, end: int | None = None) -> None:
+        """Stream the object (or bytes start..end) into `out` a chunk at a time: memory stays
+        flat however large the file, with 16 downloads at once."""
         self._fresh()
         byte_range = f"bytes={start}-{end}" if start is not None else None
         if self.s3 is not None:
             kwargs = {"Range": byte_range} if byte_range else {}
-            return self.s3.get_object(Bucket=self.credentials["bucket"], Key=file["key"], **kwargs)[
-                "Body"
-            ].read()
-        response = self.http.get(
-            self.urls[file["path"]], headers={"Range": byte_range} if byte_range else {}
-        )
-        response.raise_for_status()
-        return response.content
+            body = self.s3.get_object(Bucket=self.credentials["bucket"], Key=file["key"], **kwargs)
+            for chunk in body["Body"].iter_chunks(CHUNK):
+                out.write(chunk)
+            return
+        headers = {"Range": byte_range} if byte_range else {}
+        with self.http.stream("GET", self.urls[file["path"]], headers=headers) as response:
+            response.raise_for_status()
+            for chunk in response.iter_bytes(CHUNK):
+                out.write(chunk)
 
 
 def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecutor | None) -> None:
@@ -84,17 +88,16 @@ def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecut
     if size > RANGED_ABOVE and pool is not None:
         with partial.open("wb") as out:
             out.truncate(size)
-        lock = threading.Lock()
 
         def part(start: int) -> None:
-            data = fetcher.read(file, start, min(start + PART_SIZE, size) - 1)
-            with lock, partial.open("r+b") as out:
+            with partial.open("r+b") as out:  # each part writes through its own handle
                 out.seek(start)
-                out.write(data)
+                fetcher.copy(file, out, start, min(start + PART_SIZE, size) - 1)
 
         list(pool.map(part, range(0, size, PART_SIZE)))
     else:
-        partial.write_bytes(fetcher.read(file))
+        with partial.open("wb") as out:
+            fetcher.copy(file, out)
     os.replace(partial, target)
 
 
