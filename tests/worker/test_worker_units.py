@@ -98,3 +98,52 @@ def test_disk_check_refuses_volumes_over_80_percent_of_free_space(tmp_path):
     assert (
         refused.value.code == "volume_too_large_for_node" and "800 bytes" in refused.value.message
     )
+
+
+def test_s3_volume_sync_verifies_what_arrived(s3_endpoint, tmp_path):
+    import hashlib
+    import os
+
+    from tests.conftest import s3_client
+    from worker.volumes import RANGED_ABOVE, sync_volume
+
+    s3 = s3_client(s3_endpoint)
+    s3.create_bucket(Bucket="sync-test")
+    blobs = {"small.txt": b"hello", "nested/big.bin": os.urandom(RANGED_ABOVE + 1024)}
+    files = []
+    for path, data in blobs.items():
+        s3.put_object(Bucket="sync-test", Key=f"root/vol/{path}", Body=data)
+        files.append(
+            {
+                "path": path,
+                "size": len(data),
+                "key": f"root/vol/{path}",
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    volume = {
+        "name": "corpus",
+        "file_count": 2,
+        "total_bytes": sum(map(len, blobs.values())),
+        "files": files,
+        "credentials": {
+            "kind": "s3",
+            "access_key_id": "testing",
+            "secret_access_key": "testing",
+            "session_token": "t",
+            "expiration": "2099-01-01T00:00:00+00:00",
+            "bucket": "sync-test",
+            "endpoint_url": s3_endpoint,
+            "region": "us-east-1",
+        },
+    }
+    mounted = sync_volume(None, volume, tmp_path, lambda _: None)
+    for path, data in blobs.items():
+        assert (mounted / path).read_bytes() == data  # the large one came in ranged parts
+
+    s3.delete_object(Bucket="sync-test", Key="root/vol/small.txt")
+    (mounted / "small.txt").unlink()
+    with pytest.raises(JobFailure) as incomplete:
+        sync_volume(None, volume, tmp_path, lambda _: None)
+    assert incomplete.value.code == "volume_sync_incomplete"
+    assert "small.txt" in incomplete.value.message and "1 of 2 files" in incomplete.value.message
