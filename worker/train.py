@@ -125,35 +125,69 @@ def make_callback(events: Events):
     return VeriCallback()
 
 
-def build_trainer(spec: dict, rows: list[dict], events: Events):
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def load_model(spec: dict, lora: dict, cuda: bool):
+    """The model, its tokenizer, and the LoRA config the trainer applies (None when the model
+    already carries its adapter, as Unsloth's does). QLoRA loads the base in 4 bits."""
     import torch
-    from datasets import Dataset
+
+    if (lora.get("quantization") or lora.get("unsloth")) and not cuda:
+        raise JobFailure("config_error", "QLoRA and Unsloth need a CUDA GPU; this machine has none")
+    four_bit = lora.get("quantization") == "4bit"
+    if lora.get("unsloth"):
+        try:
+            from unsloth import FastLanguageModel
+        except ImportError as exc:
+            raise JobFailure(
+                "dependency_error", f"Unsloth is not installed on this worker ({exc})"
+            ) from exc
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            model_name=spec["model_path"],
+            load_in_4bit=four_bit,
+            max_seq_length=spec["hyperparameters"].get("max_seq_length", 2048),
+        )
+        targets = lora["target_modules"]
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=ALL_LINEAR if targets == "all-linear" else targets,
+        )
+        return model, tokenizer, None
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hp, lora, method = spec["hyperparameters"], spec["lora"], spec["method"]
-    cuda = torch.cuda.is_available() and spec["gpu_type"] != "cpu"
-    if (lora.get("quantization") or lora.get("unsloth")) and not cuda:
-        raise JobFailure("config_error", "QLoRA and Unsloth need a CUDA GPU; this machine has none")
     model_kwargs = {}
-    if lora.get("quantization") == "4bit":
+    if four_bit:
         from transformers import BitsAndBytesConfig
 
         model_kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
         )
     tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(spec["model_path"], **model_kwargs)
-    targets = lora["target_modules"]
     peft_config = LoraConfig(
         r=lora["r"],
         lora_alpha=lora["alpha"],
         lora_dropout=lora["dropout"],
         task_type="CAUSAL_LM",
-        target_modules=targets if targets != "all-linear" else "all-linear",
+        target_modules=lora["target_modules"],
     )
+    return model, tokenizer, peft_config
+
+
+def build_trainer(spec: dict, rows: list[dict], events: Events):
+    import torch
+    from datasets import Dataset
+
+    hp, lora, method = spec["hyperparameters"], spec["lora"], spec["method"]
+    cuda = torch.cuda.is_available() and spec["gpu_type"] != "cpu"
+    model, tokenizer, peft_config = load_model(spec, lora, cuda)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     batch = hp["batch_size"]
     micro = hp.get("micro_batch_size") or batch
     common = {
