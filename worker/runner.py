@@ -124,9 +124,13 @@ class Runner:
         outcome: dict = {}
         pump = threading.Thread(target=self._pump_output, args=(child,), daemon=True)
         pump.start()
-        with os.fdopen(read_fd) as events:
-            for raw in events:
-                self._on_event(json.loads(raw), outcome)
+        try:
+            with os.fdopen(read_fd) as events:
+                for raw in events:
+                    self._on_event(json.loads(raw), outcome)
+        finally:
+            if child.poll() is None and not outcome:  # the runner gave up: stop the training too
+                child.kill()
         status = child.wait()
         pump.join()
         if "error" in outcome:
