@@ -6,9 +6,12 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
 import httpx
+from botocore.config import Config
 
 BIN = Path(sys.executable).parent
+MANAGE = [sys.executable, str(Path(__file__).resolve().parent.parent / "manage.py")]
 
 
 def free_port() -> int:
@@ -45,3 +48,23 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     wait_for(f"{url}/moto-api/")
     return process, url
+
+
+def s3_client(endpoint_url: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=Config(signature_version="s3v4", max_pool_connections=32),
+    )
+
+
+def new_workspace(env: dict) -> str:
+    """Migrate the database `env` names, create a workspace; returns its API key."""
+    subprocess.run([*MANAGE, "migrate", "-v0"], env=env, check=True)
+    created = subprocess.run(
+        [*MANAGE, "create_workspace", "bench"], env=env, check=True, capture_output=True, text=True
+    )
+    return created.stdout.strip().splitlines()[-1]

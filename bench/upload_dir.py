@@ -17,12 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
+from bench.common import (
+    BIN,
+    MANAGE,
+    free_port,
+    new_workspace,
+    s3_client,
+    start_moto,
+    timed,
+    wait_for,
+)
 
-from bench.common import BIN, free_port, start_moto, timed, wait_for
-
-REPO = Path(__file__).resolve().parent.parent
 BUCKET = "bench"
 
 
@@ -104,31 +109,12 @@ def main() -> None:
     }
     processes = [moto]
     try:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=s3_url,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-            config=Config(signature_version="s3v4", max_pool_connections=32),
-        )
+        s3 = s3_client(s3_url)
         s3.create_bucket(Bucket=BUCKET)
-        manage = [sys.executable, str(REPO / "manage.py")]
-        subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
-        key = (
-            subprocess.run(
-                [*manage, "create_workspace", "bench"],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
+        key = new_workspace(env)
         processes.append(
             subprocess.Popen(
-                [*manage, "runserver", f"127.0.0.1:{api_port}", "--noreload"],
+                [*MANAGE, "runserver", f"127.0.0.1:{api_port}", "--noreload"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

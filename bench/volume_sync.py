@@ -15,10 +15,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
-
-from bench.common import BIN, start_moto, timed
+from bench.common import BIN, s3_client, start_moto, timed
 from worker.volumes import sync_volume
 
 BUCKET = "bench"
@@ -39,14 +36,7 @@ def main() -> None:
     moto, url = start_moto()
     work = Path(tempfile.mkdtemp(prefix="veri-sync-bench-"))
     try:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-            config=Config(signature_version="s3v4", max_pool_connections=32),
-        )
+        s3 = s3_client(url)
         s3.create_bucket(Bucket=BUCKET)
         sets = [
             ("small", f"{args.small} x 4 KiB", args.small, 4096),

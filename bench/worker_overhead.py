@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import free_port, wait_for
+from bench.common import MANAGE, free_port, new_workspace, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 REWARD = (
@@ -103,19 +103,7 @@ def main() -> None:
         "HF_HUB_OFFLINE": "1",
         "VERI_WATCH_PERIOD_SECONDS": "2",
     }
-    manage = [sys.executable, str(REPO / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
-    key = (
-        subprocess.run(
-            [*manage, "create_workspace", "bench"],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    key = new_workspace(env)
     model = work / "tiny"
     subprocess.run(
         [sys.executable, "-m", "worker.tinymodel", str(model)],
@@ -142,13 +130,13 @@ def main() -> None:
 
     processes = [
         subprocess.Popen(
-            [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+            [*MANAGE, "runserver", f"127.0.0.1:{port}", "--noreload"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
-            [*manage, "qcluster"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*MANAGE, "qcluster"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         ),
     ]
     try:
