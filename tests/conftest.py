@@ -175,3 +175,28 @@ def in_threads(count: int, work) -> list:
         thread.join()
     assert not failures, failures
     return results
+
+
+def fill_volume(workspace, name: str, files: dict[str, bytes]):
+    """A volume holding `files`, put through the real upload services (start, bytes into the
+    configured store, complete)."""
+    from volumes import services as volume_services
+    from volumes.models import Upload, Volume
+    from volumes.stores import get_store
+
+    volume, _ = volume_services.create_volume(workspace=workspace, name=name)
+    started = volume_services.start_uploads(
+        volume=volume,
+        files=[
+            volume_services.FileToUpload(path=path, size=len(data)) for path, data in files.items()
+        ],
+    )
+    uploads = {u.public_id: u for u in Upload.objects.filter(volume=volume)}
+    for answer, data in zip(started, files.values(), strict=True):
+        get_store().put_bytes(uploads[answer["upload_id"]].object_key, data)
+    volume = Volume.objects.select_related("workspace").get(pk=volume.pk)
+    volume_services.complete_uploads(
+        volume=volume, completions=[volume_services.Completion(u) for u in uploads.values()]
+    )
+    volume.refresh_from_db()
+    return volume

@@ -14,7 +14,7 @@ import pytest
 
 from billing.services import open_billing_account
 from providers.models import Instance
-from tests.conftest import REPO, get_url
+from tests.conftest import REPO, fill_volume, get_url
 from tests.training.conftest import upload_dataset
 from training.models import TrainingJob
 
@@ -255,8 +255,7 @@ def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
 
 
 def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_model, workspace):
-    from volumes import services as volume_services
-    from volumes.models import Volume, VolumeFile
+    from volumes.models import VolumeFile
     from volumes.stores import get_store
 
     platform(VERI_LOCAL_SLOTS="3")
@@ -273,19 +272,7 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
             "max_response_length": 8,
         },
     )
-    volume, _ = volume_services.create_volume(workspace=workspace, name="corpus")
-    started = volume_services.start_uploads(
-        volume=volume,
-        files=[volume_services.FileToUpload(path=f"part-{i}.jsonl", size=5) for i in range(3)],
-    )
-    for answer in started:
-        get_store().put_bytes(
-            volume.uploads.get(public_id=answer["upload_id"]).object_key, b"12345"
-        )
-    volume_services.complete_uploads(
-        volume=Volume.objects.get(pk=volume.pk),
-        completions=[volume_services.Completion(u) for u in volume.uploads.all()],
-    )
+    fill_volume(workspace, "corpus", {f"part-{i}.jsonl": b"12345" for i in range(3)})
     get_store().delete(
         [VolumeFile.objects.get(path="part-1.jsonl").object_key]
     )  # gone from the store
@@ -306,20 +293,9 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
 
 
 def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, workspace, settings):
-    from volumes import services as volume_services
-    from volumes.models import Volume
-    from volumes.stores import get_store
 
     platform(VERI_LOCAL_SLOTS="2", VERI_WORKER_ASSUME_FREE_DISK_BYTES="100")
-    volume, _ = volume_services.create_volume(workspace=workspace, name="big")
-    [answer] = volume_services.start_uploads(
-        volume=volume, files=[volume_services.FileToUpload(path="data.bin", size=1000)]
-    )
-    get_store().put_bytes(volume.uploads.get().object_key, b"x" * 1000)
-    volume_services.complete_uploads(
-        volume=Volume.objects.get(pk=volume.pk),
-        completions=[volume_services.Completion(volume.uploads.get())],
-    )
+    fill_volume(workspace, "big", {"data.bin": b"x" * 1000})
     too_big = submit(
         api_client,
         SFT_ROWS,

@@ -4,7 +4,7 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
-from tests.conftest import assert_error, put_to_url
+from tests.conftest import assert_error, fill_volume, put_to_url
 from tests.training.conftest import drive, worker_client
 from training import errors, tasks
 from training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
@@ -306,18 +306,7 @@ def test_every_job_endpoint_hides_other_workspaces(api_client, other_api_client,
 
 
 def test_volume_credentials_on_the_local_store_are_signed_urls(api_client, submit, workspace):
-    from volumes import services as volume_services
-    from volumes.models import Volume
-
-    volume, _ = volume_services.create_volume(workspace=workspace, name="corpus")
-    started = volume_services.start_uploads(
-        volume=volume, files=[volume_services.FileToUpload(path="a.txt", size=3)]
-    )
-    put_to_url(api_client, "http://testserver" + started[0]["url"], b"abc")
-    upload = volume.uploads.get()
-    volume_services.complete_uploads(
-        volume=Volume.objects.get(pk=volume.pk), completions=[volume_services.Completion(upload)]
-    )
+    fill_volume(workspace, "corpus", {"a.txt": b"abc"})
     job = submit(volumes=["corpus"])
     tasks.provision_job(job_id=job.pk)
     creds = worker_client(job).post(w(job, "volume-credentials"), format="json").json()
@@ -363,3 +352,23 @@ def test_operators_cancel_jobs_from_the_admin(launched, cloud):
     admin.post("/admin/training/trainingjob/", {"action": "cancel", "_selected_action": [job.pk]})
     job.refresh_from_db()
     assert job.status == S.CANCELLED and cloud.terminated == ["i-0001"]
+
+
+def test_resent_metric_points_keep_their_first_values(api_client, launched):
+    job, worker = launched
+    worker.post(w(job, "register"), {}, format="json")
+    first = {"points": [{"step": 1, "values": {"loss": 2.0}}, {"step": 1, "values": {"loss": 9.0}}]}
+    assert worker.post(w(job, "metrics"), first, format="json").json()["added"] == 1
+    resent = {
+        "points": [{"step": 1, "values": {"loss": 5.0}}, {"step": 2, "values": {"loss": 1.0}}]
+    }
+    assert worker.post(w(job, "metrics"), resent, format="json").json()["added"] == 1
+    got = api_client.get(f"/v1/training_jobs/{job.public_id}").json()
+    assert got["metrics_summary"] == {
+        "steps": 2,
+        "last_step": 2,
+        "first": {"loss": 2.0},
+        "last": {"loss": 1.0},
+    }
+    points = api_client.get(f"/v1/training_jobs/{job.public_id}/metrics").json()["data"]
+    assert [(p["step"], p["values"]["loss"]) for p in points] == [(1, 2.0), (2, 1.0)]

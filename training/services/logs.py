@@ -5,6 +5,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from training.models import LogChunk, TrainingJob
+from training.services.records import insert_new
 from volumes.stores import StoreError, get_store
 
 
@@ -16,9 +17,7 @@ def append_lines(*, job: TrainingJob, lines: list[dict]) -> int:
         LogChunk(job=job, seq=line["seq"], text=line["text"], at=line.get("at") or now)
         for line in lines
     ]
-    before = LogChunk.objects.filter(job=job).count()
-    LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
-    return LogChunk.objects.filter(job=job).count() - before
+    return len(insert_new(LogChunk, job=job, key="seq", rows=rows))
 
 
 def full_text(*, job: TrainingJob) -> str:

@@ -21,6 +21,7 @@ from training.models import (
 )
 from training.services import logs
 from training.services.jobs import InvalidTransition, fail_job, transition_job
+from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
 from volumes.models import StoreDeletion, Volume, VolumeFile
 from volumes.stores import S3Store, get_store
@@ -87,24 +88,22 @@ def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
         MetricPoint(job=job, step=p["step"], values=p["values"], at=p.get("at") or now)
         for p in points
     ]
-    before = MetricPoint.objects.filter(job=job).count()
-    MetricPoint.objects.bulk_create(rows, ignore_conflicts=True)
-    added = MetricPoint.objects.filter(job=job).count() - before
+    added = insert_new(MetricPoint, job=job, key="step", rows=rows)
     if not added:
         return 0
     locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
     summary = locked.metrics_summary or {"steps": 0, "last_step": None, "first": {}, "last": {}}
-    for point in sorted(points, key=lambda p: p["step"]):
-        for name, value in point["values"].items():
+    for point in sorted(added, key=lambda p: p.step):
+        for name, value in point.values.items():
             summary["first"].setdefault(name, value)
-            if summary["last_step"] is None or point["step"] >= summary["last_step"]:
+            if summary["last_step"] is None or point.step >= summary["last_step"]:
                 summary["last"][name] = value
-        summary["last_step"] = max(summary["last_step"] or 0, point["step"])
-    summary["steps"] += added
+        summary["last_step"] = max(summary["last_step"] or 0, point.step)
+    summary["steps"] += len(added)
     locked.metrics_summary = summary
     locked.last_step = max(locked.last_step or 0, summary["last_step"])
     locked.save(update_fields=["metrics_summary", "last_step"])
-    return added
+    return len(added)
 
 
 def register_checkpoint(
