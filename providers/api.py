@@ -1,7 +1,7 @@
 """`/v1/regions` and `/v1/gpus`: the catalog, and which providers this deployment can use."""
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -10,9 +10,34 @@ from providers.services import default_provider, is_usable
 from veri.api import WorkspaceView
 from veri.errors import VeriError
 
+RegionOut = inline_serializer(
+    "Region",
+    {
+        "code": serializers.CharField(),
+        "name": serializers.CharField(),
+        "default": serializers.BooleanField(),
+        "coming_soon": serializers.BooleanField(),
+    },
+    many=True,
+)
+GpuOut = inline_serializer(
+    "Gpu",
+    {
+        "provider": serializers.CharField(),
+        "usable": serializers.BooleanField(),
+        "default_provider": serializers.BooleanField(),
+        "gpu_type": serializers.CharField(),
+        "memory_gb": serializers.IntegerField(),
+        "max_count": serializers.IntegerField(),
+        "price_per_gpu_hour_usd": serializers.CharField(),
+        "regions": serializers.ListField(child=serializers.CharField()),
+    },
+    many=True,
+)
+
 
 class RegionsView(WorkspaceView):
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses=inline_serializer("Regions", {"data": RegionOut}))
     def get(self, request: Request) -> Response:
         default = catalog.default_region()
         return Response(
@@ -31,7 +56,10 @@ class RegionsView(WorkspaceView):
 
 
 class GpusView(WorkspaceView):
-    @extend_schema(parameters=[OpenApiParameter("provider", str)], responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        parameters=[OpenApiParameter("provider", str)],
+        responses=inline_serializer("Gpus", {"data": GpuOut}),
+    )
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("provider")
         specs = catalog.providers()

@@ -32,6 +32,12 @@ def _control_plane_only(name: str) -> bool:
     return name.startswith(CONTROL_PLANE_ENV) and not name.startswith("VERI_WORKER_")
 
 
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of `repo_id` with its config."""
+    folder = Path(settings.VERI_LOCAL_HF_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    return any((folder / "snapshots").glob("*/config.json"))
+
+
 def _start_time(pid: int) -> str | None:
     """The process's start time (clock ticks since boot), or None when it is gone or a zombie."""
     try:
@@ -46,6 +52,23 @@ class LocalProvider(ProviderAdapter):
 
     def is_configured(self) -> bool:
         return True
+
+    def model_problem(self, base_model: str) -> str | None:
+        """The worker runs here: a folder must exist here, and a hub id must already be in this
+        machine's model cache when workers are offline (HF_HUB_OFFLINE, the embedded default)."""
+        if base_model.startswith("/"):
+            if Path(base_model).is_dir():
+                return None
+            return f"base_model {base_model!r} is not a folder on this machine."
+        if not settings.VERI_LOCAL_HUB_OFFLINE or _in_hub_cache(base_model):
+            return None
+        return (
+            f"base_model {base_model!r} is a model hub id, and workers on this deployment cannot "
+            "reach a model hub (HF_HUB_OFFLINE is set) nor find it in the local cache "
+            f"({settings.VERI_LOCAL_HF_CACHE}). Upload the model's folder into a volume "
+            "(veri volumes upload-dir VOLUME ./model --prefix models/NAME) and submit "
+            "base_model='volume://VOLUME/models/NAME'."
+        )
 
     def instance_dir(self, job_id: str) -> Path:
         return Path(settings.VERI_LOCAL_INSTANCES_DIR) / job_id
@@ -65,7 +88,7 @@ class LocalProvider(ProviderAdapter):
             # The machine's own environment (BLAS and thread settings, PATH, HOME), as a worker on
             # a rented box has its box's, less the control plane's credentials and settings.
             **{k: v for k, v in os.environ.items() if not _control_plane_only(k)},
-            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+            "HF_HUB_OFFLINE": "1" if settings.VERI_LOCAL_HUB_OFFLINE else "0",
             "VERI_MOUNT_ROOT": str(folder / "mnt"),
             "VERI_WORK_DIR": str(folder / "work"),
             **spec.env,

@@ -4,24 +4,20 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.http import HttpResponse
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import authentication, exceptions, permissions, serializers
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from training import selectors
 from training.models import Checkpoint, Dataset, JobEvent, MetricPoint, TrainingJob
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
-from training.services import worker as worker_services
-from veri.api import WorkspaceView, paginate
+from veri.api import WorkspaceView, list_schema, paginate
 from veri.errors import NotFound, VeriError
 from volumes.api import PlainString
-from volumes.services import validate_path
-from volumes.stores import get_store
+from volumes.stores import store_for
 
 MAX_LOG_LINES = 1000
 
@@ -136,17 +132,15 @@ class CheckpointOut(serializers.ModelSerializer):
         fields = ["id", "step", "final", "size_bytes", "created_at", "files"]
 
     def get_files(self, checkpoint: Checkpoint) -> list[dict]:
-        store, request = get_store(), self.context["request"]
+        store, request = store_for(checkpoint.job.output_prefix), self.context["request"]
         ttl = settings.VERI_PRESIGN_TTL_SECONDS
         return [
             {
                 "path": f["path"],
                 "size": f["size"],
-                "url": request.build_absolute_uri(
-                    store.presign_get(checkpoint.prefix + f["path"], expires=ttl)
-                ),
+                "url": request.build_absolute_uri(store.presign_get(key, expires=ttl)),
             }
-            for f in checkpoint.files
+            for f, key in checkpoint.file_keys()
         ]
 
 
@@ -161,7 +155,7 @@ class DatasetsView(WorkspaceView):
         volume = serializers.CharField(required=False)
         path = PlainString(required=False)
 
-    @extend_schema(responses=DatasetOut(many=True))
+    @list_schema(DatasetOut, name="DatasetPage", operation_id="datasets_list")
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_datasets(workspace=self.workspace), DatasetOut)
 
@@ -211,7 +205,7 @@ class DatasetView(WorkspaceView):
 
 
 class SubmitIn(serializers.Serializer):
-    base_model = serializers.CharField(max_length=500)
+    base_model = PlainString()
     dataset_id = serializers.CharField()
     method = serializers.CharField()
     reward_source = serializers.CharField(
@@ -226,7 +220,9 @@ class SubmitIn(serializers.Serializer):
     gpu_count = serializers.IntegerField(required=False, default=1)
     provider = serializers.CharField(required=False, allow_null=True, default=None)
     region = serializers.CharField(required=False, allow_null=True, default=None)
-    volumes = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    volumes = serializers.ListField(
+        child=serializers.CharField(max_length=128), required=False, default=list, max_length=32
+    )
     resume_from = serializers.CharField(required=False, allow_null=True, default=None)
     checkpoint_every = serializers.IntegerField(required=False, allow_null=True, default=None)
     checkpoint_keep = serializers.IntegerField(required=False, default=2)
@@ -235,7 +231,7 @@ class SubmitIn(serializers.Serializer):
 
 
 class TrainingJobsView(WorkspaceView):
-    @extend_schema(responses=JobOut(many=True))
+    @list_schema(JobOut, name="JobPage", operation_id="training_jobs_list")
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_jobs(workspace=self.workspace), JobOut)
 
@@ -329,7 +325,7 @@ class FullLogView(JobScopedView):
 
 
 class EventsView(JobScopedView):
-    @extend_schema(responses=EventOut(many=True))
+    @list_schema(EventOut, name="EventPage", operation_id="training_jobs_events_list")
     def get(self, request: Request, job_id: str) -> Response:
         return paginate(
             request, selectors.list_events(job=self.job(job_id)), EventOut, order_by="pk"
@@ -337,7 +333,7 @@ class EventsView(JobScopedView):
 
 
 class MetricsView(JobScopedView):
-    @extend_schema(responses=MetricOut(many=True))
+    @list_schema(MetricOut, name="MetricPage", operation_id="training_jobs_metrics_list")
     def get(self, request: Request, job_id: str) -> Response:
         return paginate(
             request, selectors.list_metrics(job=self.job(job_id)), MetricOut, order_by="step"
@@ -345,194 +341,10 @@ class MetricsView(JobScopedView):
 
 
 class CheckpointsView(JobScopedView):
-    @extend_schema(responses=CheckpointOut(many=True))
+    @list_schema(
+        CheckpointOut, name="CheckpointPage", operation_id="training_jobs_checkpoints_list"
+    )
     def get(self, request: Request, job_id: str) -> Response:
         return paginate(
             request, selectors.list_checkpoints(job=self.job(job_id)), CheckpointOut, order_by="pk"
-        )
-
-
-# The worker's side: a job token, good for its own job only.
-
-
-class JobTokenAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request: Request):
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        scheme, _, raw = header.partition(" ")
-        if scheme != "Bearer" or not raw.strip():
-            return None
-        job = worker_services.authenticate_job_token(raw=raw.strip())
-        if job is None:
-            raise exceptions.AuthenticationFailed(
-                "This job token is not valid, or its job has finished."
-            )
-        return None, job
-
-    def authenticate_header(self, request: Request) -> str:
-        return "Bearer"
-
-
-class HasJobToken(permissions.BasePermission):
-    def has_permission(self, request, view) -> bool:
-        return isinstance(request.auth, TrainingJob)
-
-
-class WorkerView(APIView):
-    authentication_classes = [JobTokenAuthentication]
-    permission_classes = [HasJobToken]
-
-    def initial(self, request: Request, *args, **kwargs) -> None:
-        super().initial(request, *args, **kwargs)
-        if request.auth.public_id != kwargs.get("job_id"):
-            raise NotFound("Not found.")  # a token opens its own job only
-        self.job = request.auth
-
-    def validated(self, serializer_class, data) -> dict:
-        serializer = serializer_class(data=data)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
-
-
-def _ok(job: TrainingJob, **extra) -> Response:
-    return Response({"status": job.status, **extra})
-
-
-class WorkerRegisterView(WorkerView):
-    @extend_schema(
-        request=OpenApiTypes.OBJECT,
-        responses=inline_serializer("WorkerAck", {"status": serializers.CharField()}),
-    )
-    def post(self, request: Request, job_id: str) -> Response:
-        return _ok(worker_services.register(job=self.job, info=dict(request.data)))
-
-
-class WorkerSpecView(WorkerView):
-    @extend_schema(responses=OpenApiTypes.OBJECT)
-    def get(self, request: Request, job_id: str) -> Response:
-        spec = worker_services.build_spec(job=self.job)
-        if url := spec["dataset"].get("url"):
-            spec["dataset"]["url"] = request.build_absolute_uri(url)
-        for file in (spec["resume_from"] or {}).get("files", []):
-            file["url"] = request.build_absolute_uri(file["url"])
-        return Response(spec)
-
-
-class WorkerStatusView(WorkerView):
-    class WorkerStatusIn(serializers.Serializer):
-        status = serializers.CharField()
-
-    @extend_schema(request=WorkerStatusIn, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        status = self.validated(self.WorkerStatusIn, request.data)["status"]
-        return _ok(worker_services.report_status(job=self.job, status=status))
-
-
-class WorkerHeartbeatView(WorkerView):
-    class WorkerHeartbeatIn(serializers.Serializer):
-        step = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None)
-
-    @extend_schema(request=WorkerHeartbeatIn, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        worker_services.heartbeat(
-            job=self.job, step=self.validated(self.WorkerHeartbeatIn, request.data)["step"]
-        )
-        return _ok(self.job)
-
-
-class WorkerLogsView(WorkerView):
-    class Line(serializers.Serializer):
-        seq = serializers.IntegerField(min_value=0)
-        text = serializers.CharField(allow_blank=True, trim_whitespace=False)
-        at = serializers.DateTimeField(required=False)
-
-    class WorkerLogsIn(serializers.Serializer):
-        lines = serializers.ListField(child=serializers.DictField(), max_length=5000)
-
-    @extend_schema(request=WorkerLogsIn, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        raw = self.validated(self.WorkerLogsIn, request.data)["lines"]
-        lines = serializers.ListSerializer(child=self.Line(), data=raw)
-        lines.is_valid(raise_exception=True)
-        added = worker_services.append_logs(job=self.job, lines=lines.validated_data)
-        return _ok(self.job, added=added)
-
-
-class WorkerMetricsView(WorkerView):
-    class Point(serializers.Serializer):
-        step = serializers.IntegerField(min_value=0)
-        values = serializers.DictField(child=serializers.FloatField(allow_null=True))
-        at = serializers.DateTimeField(required=False)
-
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        points = serializers.ListSerializer(child=self.Point(), data=request.data.get("points"))
-        points.is_valid(raise_exception=True)
-        return _ok(
-            self.job,
-            added=worker_services.record_metrics(job=self.job, points=points.validated_data),
-        )
-
-
-class WorkerVolumeCredentialsView(WorkerView):
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        answer = worker_services.volume_credentials(job=self.job)
-        for volume in answer["volumes"]:
-            for file in volume["files"]:
-                if "url" in file:
-                    file["url"] = request.build_absolute_uri(file["url"])
-        return Response(answer)
-
-
-class WorkerOutputCredentialsView(WorkerView):
-    class WorkerOutputCredentialsIn(serializers.Serializer):
-        paths = serializers.ListField(child=PlainString(), allow_empty=False, max_length=1000)
-
-    @extend_schema(request=WorkerOutputCredentialsIn, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        paths = self.validated(self.WorkerOutputCredentialsIn, request.data)["paths"]
-        for index, path in enumerate(paths):
-            validate_path(path, field=f"paths.{index}")
-        urls = worker_services.output_urls(job=self.job, paths=paths)
-        for entry in urls:
-            entry["url"] = request.build_absolute_uri(entry["url"])
-        return Response({"files": urls})
-
-
-class WorkerCheckpointsView(WorkerView):
-    class File(serializers.Serializer):
-        path = PlainString()
-        size = serializers.IntegerField(min_value=0)
-
-    class WorkerCheckpointsIn(serializers.Serializer):
-        step = serializers.IntegerField(min_value=0)
-        final = serializers.BooleanField(default=False)
-        files = serializers.ListField(child=serializers.DictField(), allow_empty=False)
-
-    @extend_schema(request=WorkerCheckpointsIn, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        data = self.validated(self.WorkerCheckpointsIn, request.data)
-        files = serializers.ListSerializer(child=self.File(), data=data["files"])
-        files.is_valid(raise_exception=True)
-        checkpoint = worker_services.register_checkpoint(
-            job=self.job, step=data["step"], files=files.validated_data, final=data["final"]
-        )
-        return Response({"id": checkpoint.public_id, "step": checkpoint.step}, status=201)
-
-
-class WorkerCompleteView(WorkerView):
-    class WorkerCompleteIn(serializers.Serializer):
-        ok = serializers.BooleanField()
-        error_code = serializers.CharField(required=False, allow_null=True, default=None)
-        message = serializers.CharField(
-            required=False, allow_blank=True, default="", trim_whitespace=False
-        )
-
-    @extend_schema(request=WorkerCompleteIn, responses=OpenApiTypes.OBJECT)
-    def post(self, request: Request, job_id: str) -> Response:
-        data = self.validated(self.WorkerCompleteIn, request.data)
-        return _ok(
-            worker_services.complete(
-                job=self.job, ok=data["ok"], error_code=data["error_code"], message=data["message"]
-            )
         )

@@ -2,6 +2,7 @@ from django.db import models
 
 from veri.models import Workspace, public_id_field
 from volumes.models import Volume
+from volumes.stores import keys
 
 
 class Dataset(models.Model):
@@ -57,7 +58,7 @@ class TrainingJob(models.Model):
         max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
     )
     method = models.CharField(max_length=20)
-    base_model = models.CharField(max_length=500)
+    base_model = models.CharField(max_length=1100)  # volume://<128>/<900>, a hub id, a folder
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
     reward_source = models.TextField(blank=True)
     output_name = models.CharField(max_length=200, blank=True)
@@ -109,12 +110,17 @@ class TrainingJob(models.Model):
         return self.status in TERMINAL
 
     @property
-    def output_prefix(self) -> str:
-        return f"workspaces/{self.workspace.public_id}/jobs/{self.public_id}/"
+    def workspace_prefix(self) -> keys.Prefix:
+        return keys.workspace_prefix(self.workspace.public_id)
+
+    @property
+    def output_prefix(self) -> keys.Prefix:
+        """Everything the job writes (checkpoints, the final model, its log) is under it."""
+        return keys.job_prefix(self.workspace.public_id, self.public_id)
 
     @property
     def log_key(self) -> str:
-        return f"{self.output_prefix}logs/stdout.txt"
+        return keys.job_log_key(self.output_prefix)
 
 
 class JobEvent(models.Model):
@@ -164,8 +170,7 @@ class Checkpoint(models.Model):
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="checkpoints")
     step = models.PositiveIntegerField()
     final = models.BooleanField(default=False)
-    prefix = models.CharField(max_length=1024)  # store prefix holding the files
-    files = models.JSONField(default=list)  # [{"path", "size"}], paths relative to the prefix
+    files = models.JSONField(default=list)  # [{"path", "size"}], paths relative to `prefix`
     size_bytes = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -176,6 +181,15 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.job_id} step {self.step})"
+
+    @property
+    def prefix(self) -> keys.Prefix:
+        return keys.checkpoint_prefix(self.job.output_prefix, step=self.step, final=self.final)
+
+    def file_keys(self) -> list[tuple[dict, str]]:
+        """Each listed file with its object key (a stored path that breaks the rules is refused
+        by `keys`, never turned into a key)."""
+        return [(f, self.prefix.key(f["path"])) for f in self.files]
 
 
 class JobToken(models.Model):

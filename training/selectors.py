@@ -44,4 +44,4 @@ def list_metrics(*, job: TrainingJob) -> QuerySet[MetricPoint]:
 
 
 def list_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
-    return Checkpoint.objects.filter(job=job)
+    return Checkpoint.objects.filter(job=job).select_related("job__workspace")

@@ -3,6 +3,7 @@ dataset row shapes, and the reward-source check. Pure functions: no database, no
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 
 from veri.errors import VeriError
@@ -81,6 +82,7 @@ DEFAULTS = {
     },
 }
 
+MODULE_NAME_RE = re.compile(r"[A-Za-z0-9_.]{1,100}")
 LORA_DEFAULTS = {
     "r": 16,
     "alpha": 32,
@@ -196,10 +198,13 @@ def validate_lora(given: dict | None, *, gpu_type: str) -> dict:
             lora["target_modules"] == "all-linear"
             or (
                 isinstance(lora["target_modules"], list)
-                and lora["target_modules"]
-                and all(isinstance(m, str) and m for m in lora["target_modules"])
+                and 1 <= len(lora["target_modules"]) <= 64
+                and all(
+                    isinstance(m, str) and MODULE_NAME_RE.fullmatch(m)
+                    for m in lora["target_modules"]
+                )
             ),
-            '"all-linear" or a list of module names',
+            '"all-linear" or a list of 1 to 64 module names (letters, digits, _ and .)',
         ),
         ("quantization", lora["quantization"] in (None, "4bit"), 'null (LoRA) or "4bit" (QLoRA)'),
         ("unsloth", isinstance(lora["unsloth"], bool), "true or false"),
@@ -235,9 +240,13 @@ def scan_jsonl(lines) -> tuple[int, dict]:
             row = json.loads(raw)
         except ValueError as exc:
             raise VeriError(
-                f"line {number} is not valid JSON ({exc.msg}).",
+                f"line {number} is not valid JSON ({exc}).",
                 field="file",
                 code="invalid_dataset",
+            ) from None
+        except RecursionError:
+            raise VeriError(
+                f"line {number} is nested too deeply to read.", field="file", code="invalid_dataset"
             ) from None
         count += 1
         for method in METHODS:
@@ -258,7 +267,7 @@ def check_reward_source(source: str) -> None:
         raise VeriError(
             "grpo needs reward_source: Python defining `def reward(...)`.",
             field="reward_source",
-            code="invalid_reward_source",
+            code="invalid_reward",
         )
     try:
         tree = ast.parse(source)
@@ -266,7 +275,13 @@ def check_reward_source(source: str) -> None:
         raise VeriError(
             f"reward_source does not parse: line {exc.lineno}: {exc.msg}.",
             field="reward_source",
-            code="invalid_reward_source",
+            code="invalid_reward",
+        ) from None
+    except (RecursionError, MemoryError):
+        raise VeriError(
+            "reward_source does not parse: an expression is nested too deeply for Python's parser.",
+            field="reward_source",
+            code="invalid_reward",
         ) from None
 
     def decorator_name(node) -> str:
@@ -283,5 +298,5 @@ def check_reward_source(source: str) -> None:
         "reward_source must define a top-level function named `reward` (or one decorated with "
         "@reward_function).",
         field="reward_source",
-        code="invalid_reward_source",
+        code="invalid_reward",
     )

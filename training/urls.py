@@ -1,6 +1,6 @@
 from django.urls import path
 
-from training import api
+from training import api, worker_api
 
 urlpatterns = [
     path("datasets", api.DatasetsView.as_view()),
@@ -14,14 +14,20 @@ urlpatterns = [
     path("training_jobs/<str:job_id>/events", api.EventsView.as_view()),
     path("training_jobs/<str:job_id>/metrics", api.MetricsView.as_view()),
     path("training_jobs/<str:job_id>/checkpoints", api.CheckpointsView.as_view()),
-    path("worker/jobs/<str:job_id>/register", api.WorkerRegisterView.as_view()),
-    path("worker/jobs/<str:job_id>/spec", api.WorkerSpecView.as_view()),
-    path("worker/jobs/<str:job_id>/status", api.WorkerStatusView.as_view()),
-    path("worker/jobs/<str:job_id>/heartbeat", api.WorkerHeartbeatView.as_view()),
-    path("worker/jobs/<str:job_id>/logs", api.WorkerLogsView.as_view()),
-    path("worker/jobs/<str:job_id>/metrics", api.WorkerMetricsView.as_view()),
-    path("worker/jobs/<str:job_id>/volume-credentials", api.WorkerVolumeCredentialsView.as_view()),
-    path("worker/jobs/<str:job_id>/output-credentials", api.WorkerOutputCredentialsView.as_view()),
-    path("worker/jobs/<str:job_id>/checkpoints", api.WorkerCheckpointsView.as_view()),
-    path("worker/jobs/<str:job_id>/complete", api.WorkerCompleteView.as_view()),
+    path("worker/jobs/<str:job_id>/register", worker_api.WorkerRegisterView.as_view()),
+    path("worker/jobs/<str:job_id>/spec", worker_api.WorkerSpecView.as_view()),
+    path("worker/jobs/<str:job_id>/status", worker_api.WorkerStatusView.as_view()),
+    path("worker/jobs/<str:job_id>/heartbeat", worker_api.WorkerHeartbeatView.as_view()),
+    path("worker/jobs/<str:job_id>/logs", worker_api.WorkerLogsView.as_view()),
+    path("worker/jobs/<str:job_id>/metrics", worker_api.WorkerMetricsView.as_view()),
+    path(
+        "worker/jobs/<str:job_id>/volume-credentials",
+        worker_api.WorkerVolumeCredentialsView.as_view(),
+    ),
+    path(
+        "worker/jobs/<str:job_id>/output-credentials",
+        worker_api.WorkerOutputCredentialsView.as_view(),
+    ),
+    path("worker/jobs/<str:job_id>/checkpoints", worker_api.WorkerCheckpointsView.as_view()),
+    path("worker/jobs/<str:job_id>/complete", worker_api.WorkerCompleteView.as_view()),
 ]

@@ -6,6 +6,8 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from volumes.stores.keys import KeyRefused
+
 
 class VeriError(Exception):
     status, code = 400, "invalid_request"
@@ -59,6 +61,8 @@ def first_error(detail, path: str = "") -> tuple[str | None, str]:
 def exception_handler(exc, context):
     if isinstance(exc, Http404):
         exc = NotFound("Not found.")
+    if isinstance(exc, KeyRefused):  # the store's own wall held where validation should have
+        exc = VeriError(f"This path is refused: {exc}.", code="invalid_path")
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages

@@ -2,6 +2,7 @@ import secrets
 from functools import partial
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -20,7 +21,7 @@ def public_id_field(prefix: str) -> models.CharField:
 
 class Workspace(models.Model):
     public_id = public_id_field("ws")
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -72,13 +73,14 @@ class ApiKey(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """The first answer to a POST carrying an `Idempotency-Key`, replayed to its retries."""
+    """A POST's claim on its `Idempotency-Key` (no `status_code` yet: the work is in progress),
+    then its first answer, replayed to its retries."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
     key = models.CharField(max_length=255)
     request_fingerprint = models.CharField(max_length=64)
-    status_code = models.PositiveSmallIntegerField()
-    body = models.JSONField(null=True)
+    status_code = models.PositiveSmallIntegerField(null=True)
+    body = models.JSONField(null=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

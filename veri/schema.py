@@ -1,4 +1,4 @@
-"""How the OpenAPI schema (`/v1/schema`) describes our two credentials."""
+"""How `/v1/schema` describes our two credentials, and the error answers every operation shares."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
@@ -12,7 +12,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
 
 class JobTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "training.api.JobTokenAuthentication"
+    target_class = "training.worker_api.JobTokenAuthentication"
     name = "JobToken"
 
     def get_security_definition(self, auto_schema):
@@ -21,3 +21,41 @@ class JobTokenScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "The worker's job token (vjt_…), good for its own job only",
         }
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"type": "string", "nullable": True},
+            },
+            "required": ["code", "message", "field"],
+        }
+    },
+    "required": ["error"],
+}
+ERROR_STATUSES = {
+    "400": "Invalid request: `error.field` names what to fix.",
+    "401": "No API key (or job token), or one that is not valid.",
+    "402": "The workspace has no billing account, or not enough balance.",
+    "404": "Not found in this workspace (another workspace's objects answer 404 too).",
+    "409": "Conflict with the object's state, or an Idempotency-Key in use.",
+    "413": "Too large: the body, a file, or a batch.",
+    "429": "Too many requests; retry after the Retry-After header.",
+}
+
+
+def add_error_responses(result, generator, request, public):
+    """Every operation answers errors as `{"error": {code, message, field, ...}}`."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path_item in result.get("paths", {}).values():
+        for operation in path_item.values():
+            responses = operation.setdefault("responses", {})
+            for status, description in ERROR_STATUSES.items():
+                responses.setdefault(status, {"description": description, "content": ref})
+    return result

@@ -3,9 +3,10 @@ import hmac
 import secrets
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from veri.errors import Conflict, VeriError
 from veri.models import ApiKey, Workspace
 
 KEY_PREFIX = "veri_sk_"
@@ -20,8 +21,21 @@ def hash_secret(secret: str) -> str:
 
 @transaction.atomic
 def create_workspace(*, name: str) -> tuple[Workspace, str]:
-    """A workspace and its first API key; the key is returned once and never stored."""
-    workspace = Workspace.objects.create(name=name)
+    """A workspace and its first API key; the key is returned once and never stored. Names are
+    unique: a taken one is 409 `workspace_exists` (the constraint decides, also under races)."""
+    if not isinstance(name, str) or not 1 <= len(name.strip()) <= 200 or not name.isprintable():
+        raise VeriError(
+            "A workspace name is 1 to 200 printable characters.", field="name", code="invalid_name"
+        )
+    try:
+        with transaction.atomic():
+            workspace = Workspace.objects.create(name=name.strip())
+    except IntegrityError:
+        raise Conflict(
+            f"A workspace named {name.strip()!r} already exists; pick another name.",
+            field="name",
+            code="workspace_exists",
+        ) from None
     _, key = create_api_key(workspace=workspace, name="default")
     return workspace, key
 

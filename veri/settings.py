@@ -77,6 +77,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "veri.middleware.ApiGuardMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -127,7 +128,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "veri.parsers.SafeJSONParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "EXCEPTION_HANDLER": "veri.errors.exception_handler",
@@ -139,6 +140,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Managed LLM training: volumes, datasets, training jobs, billing.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "veri.schema.add_error_responses",
+    ],
 }
 
 Q_CLUSTER = {
@@ -171,6 +176,11 @@ VERI_MULTIPART_PART_SIZE = int(env("VERI_MULTIPART_PART_SIZE", str(64 * 1024**2)
 VERI_PRESIGN_TTL_SECONDS = int(env("VERI_PRESIGN_TTL_SECONDS", "3600"))
 VERI_DEFAULT_REGION = env("VERI_DEFAULT_REGION", "us-east-1")
 VERI_STALE_UPLOAD_SECONDS = int(env("VERI_STALE_UPLOAD_SECONDS", str(24 * 3600)))
+# A JSON body's limit (a 500-file upload batch is ~0.5 MB, a worker's log batch at most ~1 MB).
+VERI_MAX_JSON_BYTES = int(env("VERI_MAX_JSON_BYTES", str(4 * 1024**2)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = VERI_MAX_JSON_BYTES
+VERI_IDEMPOTENCY_WAIT_SECONDS = float(env("VERI_IDEMPOTENCY_WAIT_SECONDS", "10"))
+VERI_IDEMPOTENCY_STALE_SECONDS = int(env("VERI_IDEMPOTENCY_STALE_SECONDS", "600"))
 
 # Training and providers
 VERI_PUBLIC_URL = env("VERI_PUBLIC_URL", "http://127.0.0.1:8000")  # what workers call back
@@ -180,6 +190,14 @@ VERI_PROVIDER_ADAPTERS = {"local": "providers.local.LocalProvider"}
 VERI_LOCAL_PRICE_PER_HOUR = env("VERI_LOCAL_PRICE_PER_HOUR", "0.10")
 VERI_LOCAL_SLOTS = int(env("VERI_LOCAL_SLOTS", "1"))
 VERI_LOCAL_INSTANCES_DIR = env("VERI_LOCAL_INSTANCES_DIR") or str(STATE_DIR / "instances")
+# Local workers are offline unless HF_HUB_OFFLINE is set to a false value; then a hub id must
+# already be in this machine's Hugging Face cache.
+VERI_LOCAL_HUB_OFFLINE = (env("HF_HUB_OFFLINE") or "1").strip().lower() not in {"0", "false", "no"}
+VERI_LOCAL_HF_CACHE = (
+    env("HF_HUB_CACHE")
+    or (f"{env('HF_HOME')}/hub" if env("HF_HOME") else None)
+    or str(Path.home() / ".cache" / "huggingface" / "hub")
+)
 VERI_LOCAL_WORKER_COMMAND = (
     env("VERI_LOCAL_WORKER_COMMAND") or f"{sys.executable} -m worker"
 ).split()

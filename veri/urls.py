@@ -1,6 +1,7 @@
 from django.contrib import admin
+from django.http import JsonResponse
 from django.urls import include, path, re_path
-from django.views.defaults import page_not_found
+from django.views.defaults import bad_request, page_not_found
 from django.views.defaults import server_error as html_server_error
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView
@@ -22,6 +23,13 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include(v1)),
 ]
+
+
+def handler400(request, exception):
+    if request.path.startswith("/v1/"):
+        body = errors.VeriError(f"The request was refused: {exception}").as_body()
+        return JsonResponse(body, status=400)
+    return bad_request(request, exception)
 
 
 def handler404(request, exception):

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from veri.api import WorkspaceView, paginate
+from veri.api import WorkspaceView, list_schema, paginate
 from veri.errors import Forbidden, NotFound, TooLarge, VeriError
 from volumes import selectors, services
 from volumes.models import UsageSnapshot, Volume, VolumeFile
@@ -71,9 +71,11 @@ class Batch(serializers.ListField):
 
     def __init__(self, item: type[serializers.Serializer], **kwargs):
         self.item = item
-        super().__init__(allow_empty=False, **kwargs)
+        super().__init__(child=item(), allow_empty=False, max_length=BATCH_LIMIT, **kwargs)
 
     def to_internal_value(self, data):
+        if isinstance(data, list) and not data:
+            self.fail("empty")
         if isinstance(data, list) and len(data) > BATCH_LIMIT:
             raise TooLarge(
                 f"At most {BATCH_LIMIT} items per batch; got {len(data)}.",
@@ -96,10 +98,17 @@ class CompleteItemIn(CompleteIn):
 UploadInstructions = inline_serializer(
     "UploadInstructions",
     {
-        "upload_id": serializers.CharField(),
+        "upload_id": serializers.CharField(required=False, help_text="absent when skipped"),
         "path": serializers.CharField(),
-        "method": serializers.ChoiceField(["single", "multipart"]),
+        "method": serializers.ChoiceField(
+            ["single", "multipart"], required=False, help_text="absent when skipped"
+        ),
         "url": serializers.URLField(required=False),
+        "headers": serializers.DictField(
+            child=serializers.CharField(),
+            required=False,
+            help_text="headers the PUT to `url` must carry (a signed checksum)",
+        ),
         "part_size": serializers.IntegerField(required=False),
         "parts": inline_serializer(
             "PartUrl",
@@ -131,7 +140,7 @@ class VolumesView(WorkspaceView):
         name = PlainString()
         region = serializers.CharField(required=False, allow_null=True)
 
-    @extend_schema(responses=VolumeOut(many=True))
+    @list_schema(VolumeOut, name="VolumePage", operation_id="volumes_list")
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_volumes(workspace=self.workspace), VolumeOut)
 
@@ -163,7 +172,12 @@ class VolumeView(VolumeScopedView):
 
 
 class VolumeFilesView(VolumeScopedView):
-    @extend_schema(parameters=[OpenApiParameter("prefix", str)], responses=FileOut(many=True))
+    @list_schema(
+        FileOut,
+        name="FilePage",
+        operation_id="volumes_files_list",
+        parameters=(OpenApiParameter("prefix", str, description="only paths starting with it"),),
+    )
     def get(self, request: Request, volume_id: str) -> Response:
         files = selectors.list_files(
             volume=self.volume(volume_id), prefix=request.query_params.get("prefix", "")
@@ -184,7 +198,11 @@ class UploadsBatchView(VolumeScopedView):
 
     @extend_schema(
         request=UploadsBatchIn,
-        responses={201: inline_serializer("UploadBatch", {"data": UploadInstructions})},
+        responses={
+            201: inline_serializer(
+                "UploadBatch", {"data": serializers.ListField(child=UploadInstructions)}
+            )
+        },
     )
     def post(self, request: Request, volume_id: str) -> Response:
         volume = self.volume(volume_id)
@@ -271,7 +289,7 @@ class UploadView(VolumeScopedView):
 
 
 class VolumeUsageView(VolumeScopedView):
-    @extend_schema(responses=UsageOut(many=True))
+    @list_schema(UsageOut, name="UsagePage", operation_id="volumes_usage_list")
     def get(self, request: Request, volume_id: str) -> Response:
         usage = selectors.list_usage(volume=self.volume(volume_id))
         return paginate(request, usage, UsageOut, order_by="-hour")

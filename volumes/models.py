@@ -1,6 +1,7 @@
 from django.db import models
 
 from veri.models import Workspace, public_id_field
+from volumes.stores import keys
 
 
 class Volume(models.Model):
@@ -28,9 +29,9 @@ class Volume(models.Model):
         return self.name
 
     @property
-    def store_prefix(self) -> str:
-        """All of this volume's objects are under it; the trailing `/` keeps `data` off `data2`."""
-        return f"workspaces/{self.workspace.public_id}/volumes/{self.public_id}/"
+    def store_prefix(self) -> keys.Prefix:
+        """All of this volume's objects are under it."""
+        return keys.volume_prefix(self.workspace.public_id, self.public_id)
 
 
 class VolumeFile(models.Model):

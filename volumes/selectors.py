@@ -29,11 +29,15 @@ def get_upload(*, volume: Volume, upload_id: str) -> Upload:
     upload = Upload.objects.filter(volume=volume, public_id=upload_id).first()
     if upload is None:
         raise NotFound(f"No upload {upload_id!r} in volume {volume.name!r}.")
+    upload.volume = volume
     return upload
 
 
 def get_uploads(*, volume: Volume, upload_ids: list[str]) -> dict[str, Upload]:
-    return {u.public_id: u for u in Upload.objects.filter(volume=volume, public_id__in=upload_ids)}
+    uploads = list(Upload.objects.filter(volume=volume, public_id__in=upload_ids))
+    for upload in uploads:
+        upload.volume = volume
+    return {u.public_id: u for u in uploads}
 
 
 def list_usage(*, volume: Volume) -> QuerySet[UsageSnapshot]:

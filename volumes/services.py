@@ -13,48 +13,46 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from providers.catalog import available_region_codes, default_region
-from veri.errors import Conflict, NotFound, VeriError
+from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
 from volumes.models import StoreDeletion, Upload, Volume, VolumeFile
-from volumes.stores import StoreError, get_store
+from volumes.stores import StoreError, keys, store_for
 
 NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
-MAX_PATH_BYTES = 900  # the object key adds ~100 bytes; S3 allows 1,024
 MAX_PARTS = 10_000  # S3's limit
+MAX_OBJECT_BYTES = 5 * 1024**4  # S3's largest object
 MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
-def validate_volume_name(name: str) -> None:
+def validate_volume_name(name: str, *, field: str = "name") -> None:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        shown = name[:200] if isinstance(name, str) else name
         raise VeriError(
             f"Volume names are 1-128 characters of letters, digits, '_' and '-', starting with a "
-            f"letter or digit (^[a-zA-Z0-9][a-zA-Z0-9_-]{{0,127}}$); got {name!r}.",
-            field="name",
+            f"letter or digit (^[a-zA-Z0-9][a-zA-Z0-9_-]{{0,127}}$); got {shown!r}.",
+            field=field,
             code="invalid_name",
         )
 
 
 def validate_path(path: str, *, field: str = "path") -> None:
-    """Relative POSIX paths: no leading `/`, no `.`/`..`/empty segments, no control chars."""
-    problem = None
-    if not isinstance(path, str) or not path:
-        problem = "it is empty"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in path):
-        problem = "it contains a NUL or control character"
-    elif path.startswith("/"):
-        problem = "it is absolute"
-    elif any(segment in {"", ".", ".."} for segment in path.split("/")):
-        problem = "it has an empty, '.' or '..' segment"
-    elif len(path.encode()) > MAX_PATH_BYTES:
-        problem = f"it is longer than {MAX_PATH_BYTES} bytes"
-    if problem:
+    """The one rule for every path a customer or a worker sends (`keys.path_problem`): relative
+    POSIX, no `.`/`..`/empty segments, no control characters or backslashes, also once
+    percent-decoded, and short enough to be a key."""
+    if problem := keys.path_problem(path):
+        shown = path if isinstance(path, str) and len(path) <= 200 else f"{str(path)[:200]}…"
         raise VeriError(
-            f"File paths are relative POSIX paths like 'data/train.jsonl'; {path!r} is refused "
+            f"File paths are relative POSIX paths like 'data/train.jsonl'; {shown!r} is refused "
             f"because {problem}.",
             field=field,
             code="invalid_path",
         )
+
+
+def schedule_store_deletion(*, prefix: keys.Prefix | None = None, key: str = "", reason: str):
+    """Queue objects the database no longer points to for the reconciler (a folder, or one key)."""
+    return StoreDeletion.objects.create(key=prefix.value if prefix else key, reason=reason)
 
 
 def create_volume(
@@ -86,8 +84,8 @@ def delete_volume(*, volume: Volume, confirm: str | None = None, force: bool = F
             file_count=volume.file_count,
             total_bytes=volume.total_bytes,
         )
-    StoreDeletion.objects.create(
-        key=volume.store_prefix, reason=f"volume {volume.public_id} ({volume.name}) deleted"
+    schedule_store_deletion(
+        prefix=volume.store_prefix, reason=f"volume {volume.public_id} ({volume.name}) deleted"
     )
     volume.delete()
     transaction.on_commit(lambda: async_task("volumes.tasks.reconcile_deleted_volumes"))
@@ -106,6 +104,13 @@ def _validate_file(file: FileToUpload, *, field_prefix: str = "") -> None:
         raise VeriError(
             "size must be a whole number of bytes, 0 or more.", field=f"{field_prefix}size"
         )
+    if file.size > MAX_OBJECT_BYTES:
+        raise TooLarge(
+            f"{file.path}: {file.size} bytes is more than the store takes in one file "
+            f"({MAX_OBJECT_BYTES} bytes, 5 TiB); split it.",
+            field=f"{field_prefix}size",
+            code="file_too_large",
+        )
     if file.sha256 and not SHA256_RE.fullmatch(file.sha256):
         raise VeriError(
             "sha256 must be 64 lowercase hex characters.",
@@ -120,7 +125,7 @@ def part_size_for(size: int) -> int:
 
 def _instructions(upload: Upload) -> dict:
     """What the client needs to send the bytes: one URL, or one URL per part."""
-    store, ttl = get_store(), settings.VERI_PRESIGN_TTL_SECONDS
+    store, ttl = store_for(upload.volume.store_prefix), settings.VERI_PRESIGN_TTL_SECONDS
     answer = {"upload_id": upload.public_id, "path": upload.path, "method": upload.method}
     if upload.method == Upload.Method.SINGLE:
         answer["url"], answer["headers"] = store.presign_put(
@@ -150,8 +155,9 @@ def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict
         f.path: f
         for f in VolumeFile.objects.filter(volume=volume, path__in=[f.path for f in files])
     }
-    group = secrets.token_hex(8)  # one folder per batch, so completing it is one store listing
-    threshold, store = settings.VERI_MULTIPART_THRESHOLD, get_store()
+    # One folder per batch, so completing it is one store listing.
+    batch_folder = volume.store_prefix.child(secrets.token_hex(8))
+    threshold, store = settings.VERI_MULTIPART_THRESHOLD, store_for(volume.store_prefix)
     answers: list[dict | None] = []
     new_uploads = []
     for file in files:
@@ -168,7 +174,7 @@ def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict
             path=file.path,
             size=file.size,
             sha256=file.sha256,
-            object_key=f"{volume.store_prefix}{group}/{file.path}",
+            object_key=batch_folder.key(file.path),
             method=Upload.Method.MULTIPART if file.size > threshold else Upload.Method.SINGLE,
         )
         if upload.method == Upload.Method.MULTIPART:
@@ -207,7 +213,7 @@ def complete_uploads(
     A mismatch records nothing (the answer is an `upload_incomplete` error) and leaves the file
     already stored at that path untouched. Completing twice returns the same file.
     """
-    store = get_store()
+    store = store_for(volume.store_prefix)
     store_errors: dict[int, str] = {}
     pending = [c for c in completions if c.upload.status == Upload.Status.PENDING]
     for completion in pending:
@@ -331,7 +337,9 @@ def abort_upload(*, upload: Upload) -> Upload:
             return locked
         locked.status, locked.finished_at = Upload.Status.ABORTED, timezone.now()
         locked.save(update_fields=["status", "finished_at"])
-        StoreDeletion.objects.create(key=locked.object_key, reason="aborted upload")
+        schedule_store_deletion(key=locked.object_key, reason="aborted upload")
     if locked.method == Upload.Method.MULTIPART:
-        get_store().abort_multipart(locked.object_key, upload_id=locked.store_upload_id)
+        store_for(upload.volume.store_prefix).abort_multipart(
+            locked.object_key, upload_id=locked.store_upload_id
+        )
     return locked

@@ -9,7 +9,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from volumes.models import StoreDeletion, Upload, UsageSnapshot, Volume
-from volumes.stores import get_store
+from volumes.stores import keys, store_for
 
 log = logging.getLogger(__name__)
 SWEEP_LIMIT = 200  # rows claimed per run; the schedule comes back for the rest
@@ -21,7 +21,7 @@ def reconcile_deleted_volumes() -> int:
     Rows are claimed with SKIP LOCKED, so two runs never work on the same prefix; deleting an
     already-deleted prefix is harmless, so a crash between delete and mark only repeats work.
     """
-    store, done = get_store(), 0
+    store, done = store_for(keys.ALL_WORKSPACES), 0
     while True:
         with transaction.atomic():
             pending = list(
@@ -34,7 +34,7 @@ def reconcile_deleted_volumes() -> int:
             for deletion in pending:
                 try:
                     if deletion.is_prefix:
-                        store.delete_prefix(deletion.key)
+                        store.delete_prefix(keys.Prefix(deletion.key))
                     else:
                         store.delete([deletion.key])
                 except Exception as exc:  # noqa: BLE001 - any store failure: keep the row, retry later
@@ -55,7 +55,7 @@ def abort_stale_uploads(*, now: datetime | None = None) -> int:
     and multipart uploads in the store that no pending upload row owns."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.VERI_STALE_UPLOAD_SECONDS)
-    store, aborted = get_store(), 0
+    store, aborted = store_for(keys.ALL_WORKSPACES), 0
     stale = Upload.objects.filter(status=Upload.Status.PENDING, created_at__lt=cutoff)
     for upload in stale.order_by("pk")[:SWEEP_LIMIT]:
         claimed = Upload.objects.filter(pk=upload.pk, status=Upload.Status.PENDING).update(
@@ -72,7 +72,7 @@ def abort_stale_uploads(*, now: datetime | None = None) -> int:
             status=Upload.Status.PENDING, method=Upload.Method.MULTIPART
         ).values_list("store_upload_id", flat=True)
     )
-    for orphan in store.list_multipart("workspaces/"):
+    for orphan in store.list_multipart(keys.ALL_WORKSPACES):
         if orphan.upload_id not in owned and orphan.initiated < cutoff:
             store.abort_multipart(orphan.key, upload_id=orphan.upload_id)
             aborted += 1

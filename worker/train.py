@@ -76,7 +76,7 @@ def load_rows(spec: dict) -> list[dict]:
                 continue
             try:
                 row = json.loads(line)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise JobFailure(
                     "invalid_dataset", f"line {number} is not valid JSON ({exc})"
                 ) from exc

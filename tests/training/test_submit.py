@@ -135,9 +135,9 @@ def test_grpo_agentic_is_unavailable_with_the_seeds_sentence(api_client, dataset
 
 BAD_SUBMISSIONS = [
     ({"method": "ppo"}, "invalid_method", "method"),
-    ({"reward_source": ""}, "invalid_reward_source", "reward_source"),
-    ({"reward_source": "def reward(:\n"}, "invalid_reward_source", "reward_source"),
-    ({"reward_source": "def score(c):\n    return 1\n"}, "invalid_reward_source", "reward_source"),
+    ({"reward_source": ""}, "invalid_reward", "reward_source"),
+    ({"reward_source": "def reward(:\n"}, "invalid_reward", "reward_source"),
+    ({"reward_source": "def score(c):\n    return 1\n"}, "invalid_reward", "reward_source"),
     (
         {"hyperparameters": {"learning_rate": 1e-5, "lr": 1}},
         "unknown_hyperparameter",
@@ -201,8 +201,29 @@ BAD_SUBMISSIONS = [
     ({"volumes": ["nope"]}, "invalid_volume", "volumes.0"),
     ({"resume_from": "ckpt_missing"}, "invalid_checkpoint", "resume_from"),
     ({"dataset_id": "ds_missing"}, "invalid_dataset", "dataset_id"),
-    ({"base_model": ""}, "invalid_request", "base_model"),
+    ({"base_model": ""}, "invalid_base_model", "base_model"),
+    ({"base_model": "not a model id!"}, "invalid_base_model", "base_model"),
+    ({"base_model": 7}, "invalid_request", "base_model"),
     ({"base_model": "volume://nope/model"}, "invalid_volume", "base_model"),
+    ({"base_model": "volume://nope/../../etc"}, "invalid_path", "base_model"),
+    ({"base_model": "volume://bad name/x"}, "invalid_name", "base_model"),
+    ({"base_model": "/etc"}, "base_model_unavailable", "base_model"),  # a rented GPU lacks it
+    (
+        {"reward_source": "x = " + "-" * 100_000 + "1\ndef reward(c):\n    return c\n"},
+        "invalid_reward",
+        "reward_source",
+    ),
+    (
+        {"reward_source": "x = 1" + "+1" * 100_000 + "\ndef reward(c):\n    return c\n"},
+        "invalid_reward",
+        "reward_source",
+    ),
+    (
+        {"hyperparameters": {"learning_rate": 2**62}},
+        "invalid_hyperparameter",
+        "hyperparameters.learning_rate",
+    ),
+    ({"lora": {"target_modules": ["q_proj\u0000"]}}, "invalid_lora", "lora.target_modules"),
     ({"checkpoint_every": 0}, "invalid_request", "checkpoint_every"),
     ({"heartbeat_timeout_seconds": 5}, "invalid_request", "heartbeat_timeout_seconds"),
     ({"max_launch_attempts": 0}, "invalid_request", "max_launch_attempts"),
@@ -288,12 +309,12 @@ def test_another_workspaces_volume_and_dataset_cannot_be_used(api_client, datase
 
 
 def test_local_provider_is_the_default_without_cloud_credentials(
-    api_client, billed, settings, local_store_url
+    api_client, billed, settings, local_store_url, tmp_path
 ):
     settings.VERI_STORE = local_store_url
     dataset = upload_dataset(api_client, GRPO_ROWS)
     body = {
-        "base_model": "tiny",
+        "base_model": str(tmp_path),  # a folder on this machine, where local workers run
         "dataset_id": dataset["id"],
         "method": "grpo",
         "reward_source": REWARD,

@@ -9,7 +9,8 @@ from veri.errors import TooLarge, VeriError
 from veri.models import Workspace, make_public_id
 from volumes import selectors as volume_selectors
 from volumes.models import VolumeFile
-from volumes.stores import get_store
+from volumes.services import validate_path
+from volumes.stores import keys, store_for
 
 
 def create_uploaded_dataset(*, workspace: Workspace, file, name: str = "") -> Dataset:
@@ -35,8 +36,9 @@ def create_uploaded_dataset(*, workspace: Workspace, file, name: str = "") -> Da
         ) from None
     row_count, first_bad = scan_jsonl(io.StringIO(text))
     public_id = make_public_id("ds")
-    key = f"workspaces/{workspace.public_id}/datasets/{public_id}/{file.name.rsplit('/', 1)[-1]}"
-    get_store().put_bytes(key, data)
+    # The object's name is ours: the client's file name is kept only as the dataset's name.
+    key = keys.dataset_prefix(workspace.public_id, public_id).key("data.jsonl")
+    store_for(keys.workspace_prefix(workspace.public_id)).put_bytes(key, data)
     return Dataset.objects.create(
         public_id=public_id,
         workspace=workspace,
@@ -72,6 +74,7 @@ def create_volume_dataset(
     *, workspace: Workspace, volume: str, path: str, name: str = ""
 ) -> Dataset:
     """A file in a volume; the worker reads it from the mount (`/mnt/<volume>/<path>`)."""
+    validate_path(path)
     found = volume_selectors.get_volume(workspace=workspace, id_or_name=volume)
     if not VolumeFile.objects.filter(volume=found, path=path).exists():
         raise VeriError(

@@ -1,5 +1,6 @@
 """Submit, the state machine, cancel, resume, and settling a finished job."""
 
+import re
 from dataclasses import dataclass, field
 
 from django.db import transaction
@@ -13,9 +14,11 @@ from providers.services import default_provider, get_adapter, is_usable, usable_
 from training import errors, specs
 from training.models import TERMINAL, Checkpoint, Dataset, JobEvent, JobStatus, TrainingJob
 from training.services import logs
-from veri.errors import Conflict, PaymentRequired, VeriError
+from veri.errors import Conflict, NotFound, PaymentRequired, VeriError
 from veri.models import Workspace
+from volumes import selectors as volume_selectors
 from volumes.models import Volume, VolumeFile
+from volumes.services import validate_path, validate_volume_name
 
 S = JobStatus
 NEXT = {  # terminal states have no entry: nothing leaves them
@@ -174,6 +177,44 @@ def _resolve_dataset(workspace: Workspace, dataset_id: str, method: str) -> Data
     return dataset
 
 
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+
+
+def _check_base_model(base_model: str) -> None:
+    """The three forms a base model takes: `volume://<volume>/<path>`, a model hub id
+    (`owner/name`), or an absolute folder on the worker's machine."""
+    if not isinstance(base_model, str) or not base_model:
+        raise VeriError(
+            "base_model is required (volume://<volume>/<path>, or a Hugging Face repo id).",
+            field="base_model",
+            code="invalid_base_model",
+        )
+    if base_model.startswith("volume://"):
+        name, _, path = base_model.removeprefix("volume://").partition("/")
+        validate_volume_name(name, field="base_model")
+        if path:
+            validate_path(path.rstrip("/"), field="base_model")
+        return
+    if base_model.startswith("/"):
+        validate_path(base_model.lstrip("/"), field="base_model")
+        return
+    if not HUB_ID_RE.fullmatch(base_model):
+        raise VeriError(
+            f"base_model {base_model[:200]!r} is neither volume://<volume>/<path> nor a Hugging "
+            "Face repo id like 'Qwen/Qwen2.5-0.5B-Instruct'.",
+            field="base_model",
+            code="invalid_base_model",
+        )
+
+
+def _check_model_reachable(base_model: str, provider: str) -> None:
+    """A hub id or folder the provider's workers cannot load is refused now, not after renting."""
+    if base_model.startswith("volume://"):
+        return
+    if problem := get_adapter(provider).model_problem(base_model):
+        raise VeriError(problem, field="base_model", code="base_model_unavailable")
+
+
 def _resolve_volumes(
     workspace: Workspace, names: list[str], dataset: Dataset, base_model: str
 ) -> list[Volume]:
@@ -185,15 +226,13 @@ def _resolve_volumes(
         wanted.append(base_model.removeprefix("volume://").split("/", 1)[0])
     mounted: dict[int, Volume] = {}
     for index, ref in enumerate(wanted):
-        volume = (
-            Volume.objects.filter(workspace=workspace, public_id=ref).first()
-            or Volume.objects.filter(workspace=workspace, name=ref).first()
-        )
-        if volume is None:
+        try:
+            volume = volume_selectors.get_volume(workspace=workspace, id_or_name=ref)
+        except NotFound:
             field = f"volumes.{index}" if index < len(names) else "base_model"
             raise VeriError(
                 f"No volume {ref!r} in this workspace.", field=field, code="invalid_volume"
-            )
+            ) from None
         mounted[volume.pk] = volume
     if base_model.startswith("volume://"):
         name, _, path = base_model.removeprefix("volume://").partition("/")
@@ -299,12 +338,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             "This workspace has no billing account; add one before submitting jobs."
         )
     _check_method(sub.method)
-    if not sub.base_model or not isinstance(sub.base_model, str):
-        raise VeriError(
-            "base_model is required (a Hugging Face repo, or volume://name/path).",
-            field="base_model",
-            code="invalid_base_model",
-        )
+    _check_base_model(sub.base_model)
     if sub.method == "grpo":
         specs.check_reward_source(sub.reward_source)
     hyperparameters = specs.validate_hyperparameters(sub.method, sub.hyperparameters)
@@ -312,6 +346,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
     dataset = _resolve_dataset(workspace, sub.dataset_id, sub.method)
     volumes = _resolve_volumes(workspace, sub.volumes, dataset, sub.base_model)
     provider, region, _ = _resolve_placement(sub, volumes)
+    _check_model_reachable(sub.base_model, provider)
     checkpoint = _resolve_checkpoint(workspace, sub.resume_from, sub.method)
     limits = [
         ("checkpoint_every", sub.checkpoint_every, 1, 1_000_000),

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from training.models import LogChunk, TrainingJob
 from training.services.records import insert_new
-from volumes.stores import StoreError, get_store
+from volumes.stores import StoreError, store_for
 
 
 def append_lines(*, job: TrainingJob, lines: list[dict]) -> int:
@@ -31,7 +31,7 @@ def archive_log(*, job: TrainingJob, final: bool = False) -> bool:
     newest = LogChunk.objects.filter(job=job).aggregate(seq=Max("seq"))["seq"]
     if newest is None or (job.log_archived_seq == newest and (not final or job.log_archived_at)):
         return False
-    get_store().put_bytes(job.log_key, full_text(job=job).encode())
+    store_for(job.output_prefix).put_bytes(job.log_key, full_text(job=job).encode())
     with transaction.atomic():
         TrainingJob.objects.filter(pk=job.pk).update(
             log_archived_seq=newest, log_archived_at=timezone.now() if final else None
@@ -42,6 +42,6 @@ def archive_log(*, job: TrainingJob, final: bool = False) -> bool:
 
 def archived_text(*, job: TrainingJob) -> str | None:
     try:
-        return get_store().get_bytes(job.log_key).decode()
+        return store_for(job.output_prefix).get_bytes(job.log_key).decode()
     except StoreError:
         return None

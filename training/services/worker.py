@@ -2,6 +2,7 @@
 
 import hashlib
 import hmac
+import re
 import secrets
 
 from django.conf import settings
@@ -23,8 +24,9 @@ from training.services import logs
 from training.services.jobs import InvalidTransition, fail_job, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
-from volumes.models import StoreDeletion, Volume, VolumeFile
-from volumes.stores import S3Store, get_store
+from volumes.models import Volume, VolumeFile
+from volumes.services import schedule_store_deletion, validate_path
+from volumes.stores import keys, store_for
 
 S = JobStatus
 TOKEN_PREFIX = "vjt_"
@@ -106,17 +108,43 @@ def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
     return len(added)
 
 
+OUTPUT_FOLDERS = ("checkpoints", "final")
+CHECKPOINT_FOLDER_RE = re.compile(r"step-\d{8}")
+
+
+def validate_output_path(path: str, *, field: str = "path") -> str:
+    """A file the worker may write: `final/…` or `checkpoints/step-NNNNNNNN/…` inside its own
+    job's folder, under the volume path rules. Its log and other jobs are out of reach."""
+    validate_path(path, field=field)
+    top, _, rest = path.partition("/")
+    folder, _, inner = rest.partition("/")
+    allowed = (top == "final" and rest) or (
+        top == "checkpoints" and CHECKPOINT_FOLDER_RE.fullmatch(folder) and inner
+    )
+    if not allowed:
+        raise VeriError(
+            f"A worker writes only final/<file> or checkpoints/step-NNNNNNNN/<file>; {path!r} is "
+            "refused.",
+            field=field,
+            code="invalid_path",
+        )
+    return path
+
+
 def register_checkpoint(
     *, job: TrainingJob, step: int, files: list[dict], final: bool
 ) -> Checkpoint:
-    """Record a checkpoint the worker uploaded under `<output>/checkpoints/…`; every file must be
-    in the store with its size. Keeps the newest `checkpoint_keep` intermediate ones."""
-    prefix = f"{job.output_prefix}{'final' if final else f'checkpoints/step-{step:08d}'}/"
-    stored = get_store().stat_many([prefix + f["path"] for f in files])
+    """Record a checkpoint the worker uploaded under `final/` or `checkpoints/step-…/`; every
+    file must be in the store with its size. Keeps the newest `checkpoint_keep` intermediate
+    ones. Paths are checked before anything is read or written."""
+    for index, file in enumerate(files):
+        validate_path(file["path"], field=f"files.{index}.path")
+    prefix = keys.checkpoint_prefix(job.output_prefix, step=step, final=final)
+    stored = store_for(job.output_prefix).stat_many([prefix.key(f["path"]) for f in files])
     missing = [
         f["path"]
         for f in files
-        if (s := stored.get(prefix + f["path"])) is None or s.size != f["size"]
+        if (s := stored.get(prefix.key(f["path"]))) is None or s.size != f["size"]
     ]
     if missing:
         raise VeriError(
@@ -132,7 +160,6 @@ def register_checkpoint(
             final=final,
             defaults={
                 "workspace": job.workspace,
-                "prefix": prefix,
                 "files": [{"path": f["path"], "size": f["size"]} for f in files],
                 "size_bytes": sum(f["size"] for f in files),
             },
@@ -147,8 +174,9 @@ def register_checkpoint(
                 job.checkpoint_keep :
             ]
             for stale in list(old):
-                StoreDeletion.objects.create(
-                    key=stale.prefix, reason=f"checkpoint beyond keep ({job})"
+                stale.job = job
+                schedule_store_deletion(
+                    prefix=stale.prefix, reason=f"checkpoint beyond keep ({job})"
                 )
                 stale.delete()
     return checkpoint
@@ -209,41 +237,44 @@ def volume_files(*, job: TrainingJob) -> list[dict]:
 
 
 def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
-    """Read access to the mounted volumes: scoped STS credentials per volume prefix on S3, or
-    signed GET URLs per file on the local store. Short-lived; the worker asks again to refresh."""
-    store = get_store()
+    """Read access to the mounted volumes and nothing else: credentials scoped to each volume's
+    folder (STS on S3) or signed GET URLs per file (local store). Short-lived; the worker asks
+    again to refresh."""
+    store = store_for(job.workspace_prefix)
     volumes = volume_files(job=job)
     for volume in volumes:
-        prefix = f"workspaces/{job.workspace.public_id}/volumes/{volume['id']}/"
-        if isinstance(store, S3Store):
-            volume["credentials"] = store.scoped_credentials(prefix, ttl=ttl)
-            for file in volume["files"]:
-                file["key"] = store.full_key(file["object_key"])
-        else:
-            volume["credentials"] = {"kind": "signed_urls"}
-            for file in volume["files"]:
-                file["url"] = store.presign_get(file["object_key"], expires=ttl)
+        prefix = keys.volume_prefix(job.workspace.public_id, volume["id"])
+        credentials, where = store.read_grant(
+            prefix, [f["object_key"] for f in volume["files"]], ttl=ttl
+        )
+        volume["credentials"] = credentials
+        for file in volume["files"]:
+            file |= where[file["object_key"]]
     return {"ttl_seconds": ttl, "volumes": volumes}
 
 
 def output_urls(*, job: TrainingJob, paths: list[str], ttl: int = 3600) -> list[dict]:
-    """Presigned PUTs for files under the job's output prefix (checkpoints, the final model)."""
-    store = get_store()
-    answer = []
+    """Presigned PUTs for the worker's checkpoint and final-model files, each checked by
+    `validate_output_path` and by the store opened on the job's own folder."""
+    for index, path in enumerate(paths):
+        validate_output_path(path, field=f"paths.{index}")
+    store, answer = store_for(job.output_prefix), []
     for path in paths:
-        url, headers = store.presign_put(job.output_prefix + path, expires=ttl)
+        url, headers = store.presign_put(job.output_prefix.key(path), expires=ttl)
         answer.append({"path": path, "url": url, "headers": headers})
     return answer
 
 
 def build_spec(*, job: TrainingJob) -> dict:
     """Everything the worker needs to run the job."""
-    store, dataset = get_store(), job.dataset
+    store, dataset, ttl = (
+        store_for(job.workspace_prefix),
+        job.dataset,
+        settings.VERI_PRESIGN_TTL_SECONDS,
+    )
     data: dict = {"id": dataset.public_id, "source": dataset.source}
     if dataset.source == Dataset.Source.UPLOAD:
-        data["url"] = store.presign_get(
-            dataset.object_key, expires=settings.VERI_PRESIGN_TTL_SECONDS
-        )
+        data["url"] = store.presign_get(dataset.object_key, expires=ttl)
     elif dataset.source == Dataset.Source.HF:
         data |= {
             "repo": dataset.hf_repo,
@@ -259,14 +290,8 @@ def build_spec(*, job: TrainingJob) -> dict:
             "checkpoint_id": checkpoint.public_id,
             "step": checkpoint.step,
             "files": [
-                {
-                    "path": f["path"],
-                    "size": f["size"],
-                    "url": store.presign_get(
-                        checkpoint.prefix + f["path"], expires=settings.VERI_PRESIGN_TTL_SECONDS
-                    ),
-                }
-                for f in checkpoint.files
+                {"path": f["path"], "size": f["size"], "url": store.presign_get(key, expires=ttl)}
+                for f, key in checkpoint.file_keys()
             ],
         }
     return {

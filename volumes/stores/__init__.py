@@ -1,7 +1,9 @@
 """Object stores behind one small interface: `S3Store` (any S3 API) and `LocalStore` (a folder).
 
-Keys are relative to the store's root prefix. Presigned URLs let clients move bytes without the
-control plane in the path; `LocalStore`'s are HMAC-signed URLs that the control plane serves.
+Keys are relative to the store's root prefix and built only in `keys`. Callers open the store on
+the prefix they are entitled to (`store_for`), which refuses keys outside it. Presigned URLs let
+clients move bytes without the control plane in the path; `LocalStore`'s are HMAC-signed URLs
+that the control plane serves.
 """
 
 from functools import cache
@@ -9,18 +11,26 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from volumes.stores import keys
 from volumes.stores.base import BadDigest, ObjectStore, StoredObject, StoreError
+from volumes.stores.keys import KeyRefused, Prefix
 from volumes.stores.local import LocalStore
 from volumes.stores.s3 import S3Store
+from volumes.stores.scoped import ScopedStore
 
 __all__ = [
     "BadDigest",
+    "KeyRefused",
     "LocalStore",
     "ObjectStore",
+    "Prefix",
     "S3Store",
+    "ScopedStore",
     "StoreError",
     "StoredObject",
     "get_store",
+    "keys",
+    "store_for",
     "store_from_url",
 ]
 
@@ -42,3 +52,8 @@ def _store_for(url: str, endpoint_url: str | None) -> ObjectStore:
 def get_store() -> ObjectStore:
     """The configured store; built on first use (not at import) and kept per setting value."""
     return _store_for(settings.VERI_STORE, settings.AWS_ENDPOINT_URL)
+
+
+def store_for(scope: Prefix) -> ScopedStore:
+    """The configured store, limited to `scope`: every key handed to it must lie inside."""
+    return ScopedStore(get_store(), scope)

@@ -54,6 +54,11 @@ class ObjectStore:
     def put_bytes(self, key: str, data: bytes) -> None: ...
     def delete(self, keys: Iterable[str]) -> None: ...
 
+    def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
+        """Short-lived read access to `keys` under `prefix`: credentials for the prefix, and per
+        key where to fetch it (`{"key": …}` with the credentials, or a signed `{"url": …}`)."""
+        ...
+
     def get_bytes(self, key: str) -> bytes:
         with self.open(key) as stream:
             return stream.read()

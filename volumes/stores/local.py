@@ -4,6 +4,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -23,8 +24,10 @@ from volumes.stores.base import (
     StoredObject,
     StoreError,
 )
+from volumes.stores.keys import KeyRefused, check_key
 
 SIGNING_SALT = "veri.localstore"
+UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 
 class LocalStore(ObjectStore):
@@ -36,9 +39,9 @@ class LocalStore(ObjectStore):
         self.multipart = self.root / "multipart"
 
     def _path(self, key: str) -> Path:
-        path = (self.objects / key).resolve()
+        path = (self.objects / check_key(key)).resolve()
         if not path.is_relative_to(self.objects.resolve()):
-            raise StoreError(f"key {key!r} leaves the store")
+            raise KeyRefused(f"key {key!r} leaves the store")
         return path
 
     def sign(self, **claims) -> str:
@@ -60,12 +63,18 @@ class LocalStore(ObjectStore):
     def presign_put(
         self, key: str, *, expires: int, sha256: str | None = None
     ) -> tuple[str, dict[str, str]]:
+        self._path(key)
         return self.sign(op="put", key=key, sha256=sha256, exp=time.time() + expires), {}
 
     def presign_get(self, key: str, *, expires: int) -> str:
+        self._path(key)
         return self.sign(op="get", key=key, exp=time.time() + expires)
 
+    def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
+        return {"kind": "signed_urls"}, {k: {"url": self.presign_get(k, expires=ttl)} for k in keys}
+
     def create_multipart(self, key: str) -> str:
+        self._path(key)
         upload_id = uuid.uuid4().hex
         folder = self.multipart / upload_id
         folder.mkdir(parents=True)
@@ -74,12 +83,18 @@ class LocalStore(ObjectStore):
         return upload_id
 
     def presign_part(self, key: str, *, upload_id: str, number: int, expires: int) -> str:
+        self._path(key)
         return self.sign(
             op="part", key=key, upload_id=upload_id, number=number, exp=time.time() + expires
         )
 
+    def _upload_dir(self, upload_id: str) -> Path:
+        if not UPLOAD_ID_RE.fullmatch(upload_id):
+            raise StoreError(f"no multipart upload {upload_id!r}")
+        return self.multipart / upload_id
+
     def _upload_folder(self, key: str, upload_id: str) -> Path:
-        folder = self.multipart / upload_id
+        folder = self._upload_dir(upload_id)
         try:
             meta = json.loads((folder / "meta.json").read_text())
         except (FileNotFoundError, ValueError):
@@ -114,7 +129,7 @@ class LocalStore(ObjectStore):
         shutil.rmtree(folder, ignore_errors=True)
 
     def abort_multipart(self, key: str, *, upload_id: str) -> None:
-        shutil.rmtree(self.multipart / upload_id, ignore_errors=True)
+        shutil.rmtree(self._upload_dir(upload_id), ignore_errors=True)
 
     def list_multipart(self, prefix: str) -> list[MultipartInProgress]:
         found = []
@@ -136,6 +151,7 @@ class LocalStore(ObjectStore):
 
     def iter_objects(self, prefix: str) -> Iterator[StoredObject]:
         # Walk only the deepest folder named by the prefix, then filter on the rest.
+        check_key(prefix, folder=True)
         base = self.objects / prefix[: prefix.rfind("/") + 1] if "/" in prefix else self.objects
         if not base.is_dir():
             return

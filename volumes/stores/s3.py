@@ -21,6 +21,7 @@ from volumes.stores.base import (
     StoredObject,
     StoreError,
 )
+from volumes.stores.keys import check_key
 
 
 class S3Store(ObjectStore):
@@ -37,9 +38,9 @@ class S3Store(ObjectStore):
         self.sts = session.client("sts", endpoint_url=endpoint_url)
         self.presigner = Presigner(self.client, session, bucket)
 
-    def full_key(self, key: str) -> str:
+    def full_key(self, key: str, *, folder: bool = False) -> str:
         """The object's key in the bucket (store keys are relative to the root prefix)."""
-        return self.root + key
+        return self.root + check_key(key, folder=folder)
 
     def _unkey(self, full: str) -> str:
         return full[len(self.root) :]
@@ -88,7 +89,9 @@ class S3Store(ObjectStore):
     def list_multipart(self, prefix: str) -> list[MultipartInProgress]:
         found = []
         paginator = self.client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.full_key(prefix)):
+        for page in paginator.paginate(
+            Bucket=self.bucket, Prefix=self.full_key(prefix, folder=True)
+        ):
             for upload in page.get("Uploads", []):
                 found.append(
                     MultipartInProgress(
@@ -108,7 +111,9 @@ class S3Store(ObjectStore):
 
     def iter_objects(self, prefix: str) -> Iterator[StoredObject]:
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.full_key(prefix)):
+        for page in paginator.paginate(
+            Bucket=self.bucket, Prefix=self.full_key(prefix, folder=True)
+        ):
             for item in page.get("Contents", []):
                 yield StoredObject(self._unkey(item["Key"]), item["Size"], item["ETag"].strip('"'))
 
@@ -132,9 +137,13 @@ class S3Store(ObjectStore):
                 first = answer["Errors"][0]
                 raise StoreError(f"could not delete {first['Key']}: {first.get('Message')}")
 
+    def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
+        credentials = self.scoped_credentials(prefix, ttl=ttl)
+        return credentials, {key: {"key": self.full_key(key)} for key in keys}
+
     def scoped_policy(self, prefix: str, *, write: bool) -> dict:
         """An STS session policy: read-only (or write-only) on one prefix of the bucket."""
-        full = self.full_key(prefix)
+        full = self.full_key(prefix, folder=True)
         objects = f"arn:aws:s3:::{self.bucket}/{full}*"
         if write:
             actions = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
@@ -171,7 +180,7 @@ class S3Store(ObjectStore):
             "session_token": creds["SessionToken"],
             "expiration": creds["Expiration"].isoformat(),
             "bucket": self.bucket,
-            "prefix": self.full_key(prefix),
+            "prefix": self.full_key(prefix, folder=True),
             "endpoint_url": self.endpoint_url,
             "region": settings.AWS_REGION,
         }

@@ -3,6 +3,7 @@ from django.db import transaction
 
 from billing.services import open_billing_account
 from veri import services
+from veri.errors import VeriError
 
 
 class Command(BaseCommand):
@@ -25,10 +26,13 @@ class Command(BaseCommand):
     def handle(self, *args, name: str, credit: str | None, no_billing: bool, **options):
         if credit is not None and no_billing:
             raise CommandError("--credit needs a billing account; drop --no-billing.")
-        with transaction.atomic():
-            workspace, api_key = services.create_workspace(name=name)
-            if not no_billing:
-                open_billing_account(workspace=workspace)
+        try:
+            with transaction.atomic():
+                workspace, api_key = services.create_workspace(name=name)
+                if not no_billing:
+                    open_billing_account(workspace=workspace)
+        except VeriError as exc:
+            raise CommandError(exc.message) from None
         self.stderr.write(f"Created workspace {workspace.name} ({workspace.public_id}).")
         if credit is not None:
             self.stderr.write("Note: --credit is not applied yet; the ledger arrives with billing.")

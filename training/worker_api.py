@@ -1,0 +1,265 @@
+"""`/v1/worker/jobs/{id}/…`: the worker's side, with a job token good for its own job only.
+
+Everything a worker sends is hostile input: every body goes through a serializer with bounds
+(steps fit their columns, paths pass the volume path rules, lists and texts have a size)."""
+
+import re
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
+from rest_framework import authentication, exceptions, permissions, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from training.models import TrainingJob
+from training.services import worker as worker_services
+from veri.api import ValidatingView
+from veri.errors import NotFound
+from volumes.api import PlainString
+from volumes.services import MAX_OBJECT_BYTES
+
+MAX_STEP = 2**31 - 1  # the step columns are 32-bit
+MAX_CHECKPOINT_STEP = 10**8 - 1  # checkpoint folders are step-NNNNNNNN
+MAX_SEQ = 2**63 - 1
+MAX_LINE_CHARS = 16_384
+MAX_MESSAGE_CHARS = 10_000
+METRIC_NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
+
+
+class JobTokenAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request: Request):
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, raw = header.partition(" ")
+        if scheme != "Bearer" or not raw.strip():
+            return None
+        job = worker_services.authenticate_job_token(raw=raw.strip())
+        if job is None:
+            raise exceptions.AuthenticationFailed(
+                "This job token is not valid, or its job has finished."
+            )
+        return None, job
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class HasJobToken(permissions.BasePermission):
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.auth, TrainingJob)
+
+
+class WorkerView(ValidatingView):
+    authentication_classes = [JobTokenAuthentication]
+    permission_classes = [HasJobToken]
+
+    def initial(self, request: Request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        if request.auth.public_id != kwargs.get("job_id"):
+            raise NotFound("Not found.")  # a token opens its own job only
+        self.job = request.auth
+
+
+@extend_schema_field(OpenApiTypes.STR)
+class LossyText(serializers.Field):
+    """Text a process printed: a NUL becomes U+FFFD and text past `limit` is cut, rather than
+    refusing (and so losing) a log line or an error message."""
+
+    def __init__(self, *, limit: int, **kwargs):
+        self.limit = limit
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("Must be a string.")
+        return data.replace("\x00", "\ufffd")[: self.limit]
+
+    def to_representation(self, value):
+        return value
+
+
+class MetricValues(serializers.DictField):
+    child = serializers.FloatField(allow_null=True)
+
+    def to_internal_value(self, data):
+        values = super().to_internal_value(data)
+        if len(values) > 200:
+            raise serializers.ValidationError("At most 200 metrics per step.")
+        for name in values:
+            if not METRIC_NAME_RE.fullmatch(name):
+                raise serializers.ValidationError(
+                    f"Metric names are 1-100 letters, digits and _ . / : -; got {name[:100]!r}."
+                )
+        return values
+
+
+class Ack(serializers.Serializer):
+    status = serializers.CharField()
+
+
+class AckAdded(Ack):
+    added = serializers.IntegerField()
+
+
+def _ok(job: TrainingJob, **extra) -> Response:
+    return Response({"status": job.status, **extra})
+
+
+class WorkerRegisterView(WorkerView):
+    class WorkerRegisterIn(serializers.Serializer):
+        hostname = serializers.CharField(required=False, allow_blank=True, max_length=255)
+        python = serializers.CharField(required=False, allow_blank=True, max_length=50)
+
+    @extend_schema(request=WorkerRegisterIn, responses={200: Ack})
+    def post(self, request: Request, job_id: str) -> Response:
+        info = self.validated(self.WorkerRegisterIn, request.data)
+        return _ok(worker_services.register(job=self.job, info=info))
+
+
+class WorkerSpecView(WorkerView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, job_id: str) -> Response:
+        spec = worker_services.build_spec(job=self.job)
+        if url := spec["dataset"].get("url"):
+            spec["dataset"]["url"] = request.build_absolute_uri(url)
+        for file in (spec["resume_from"] or {}).get("files", []):
+            file["url"] = request.build_absolute_uri(file["url"])
+        return Response(spec)
+
+
+class WorkerStatusView(WorkerView):
+    class WorkerStatusIn(serializers.Serializer):
+        status = serializers.CharField(max_length=20)
+
+    @extend_schema(request=WorkerStatusIn, responses={200: Ack})
+    def post(self, request: Request, job_id: str) -> Response:
+        status = self.validated(self.WorkerStatusIn, request.data)["status"]
+        return _ok(worker_services.report_status(job=self.job, status=status))
+
+
+class WorkerHeartbeatView(WorkerView):
+    class WorkerHeartbeatIn(serializers.Serializer):
+        step = serializers.IntegerField(
+            required=False, allow_null=True, min_value=0, max_value=MAX_STEP, default=None
+        )
+
+    @extend_schema(request=WorkerHeartbeatIn, responses={200: Ack})
+    def post(self, request: Request, job_id: str) -> Response:
+        step = self.validated(self.WorkerHeartbeatIn, request.data)["step"]
+        worker_services.heartbeat(job=self.job, step=step)
+        return _ok(self.job)
+
+
+class LogLineIn(serializers.Serializer):
+    seq = serializers.IntegerField(min_value=0, max_value=MAX_SEQ)
+    text = LossyText(limit=MAX_LINE_CHARS)
+    at = serializers.DateTimeField(required=False)
+
+
+class MetricPointIn(serializers.Serializer):
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
+    values = MetricValues()
+    at = serializers.DateTimeField(required=False)
+
+
+class WorkerLogsView(WorkerView):
+    class WorkerLogsIn(serializers.Serializer):
+        lines = LogLineIn(many=True, max_length=5000)
+
+    @extend_schema(request=WorkerLogsIn, responses={200: AckAdded})
+    def post(self, request: Request, job_id: str) -> Response:
+        lines = self.validated(self.WorkerLogsIn, request.data)["lines"]
+        return _ok(self.job, added=worker_services.append_logs(job=self.job, lines=lines))
+
+
+class WorkerMetricsView(WorkerView):
+    class WorkerMetricsIn(serializers.Serializer):
+        points = MetricPointIn(many=True, max_length=5000)
+
+    @extend_schema(request=WorkerMetricsIn, responses={200: AckAdded})
+    def post(self, request: Request, job_id: str) -> Response:
+        points = self.validated(self.WorkerMetricsIn, request.data)["points"]
+        return _ok(self.job, added=worker_services.record_metrics(job=self.job, points=points))
+
+
+class WorkerVolumeCredentialsView(WorkerView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request, job_id: str) -> Response:
+        answer = worker_services.volume_credentials(job=self.job)
+        for volume in answer["volumes"]:
+            for file in volume["files"]:
+                if "url" in file:
+                    file["url"] = request.build_absolute_uri(file["url"])
+        return Response(answer)
+
+
+OutputUrls = inline_serializer(
+    "OutputUrl",
+    {
+        "path": serializers.CharField(),
+        "url": serializers.URLField(),
+        "headers": serializers.DictField(child=serializers.CharField()),
+    },
+    many=True,
+)
+
+
+class WorkerOutputCredentialsView(WorkerView):
+    class WorkerOutputCredentialsIn(serializers.Serializer):
+        paths = serializers.ListField(child=PlainString(), allow_empty=False, max_length=1000)
+
+    @extend_schema(
+        request=WorkerOutputCredentialsIn,
+        responses={
+            200: inline_serializer("OutputUrls", {"files": OutputUrls}),
+        },
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        paths = self.validated(self.WorkerOutputCredentialsIn, request.data)["paths"]
+        urls = worker_services.output_urls(job=self.job, paths=paths)
+        for entry in urls:
+            entry["url"] = request.build_absolute_uri(entry["url"])
+        return Response({"files": urls})
+
+
+class CheckpointFileIn(serializers.Serializer):
+    path = PlainString()
+    size = serializers.IntegerField(min_value=0, max_value=MAX_OBJECT_BYTES)
+
+
+class WorkerCheckpointsView(WorkerView):
+    class WorkerCheckpointsIn(serializers.Serializer):
+        step = serializers.IntegerField(min_value=0, max_value=MAX_CHECKPOINT_STEP)
+        final = serializers.BooleanField(default=False)
+        files = CheckpointFileIn(many=True, allow_empty=False, max_length=10_000)
+
+    @extend_schema(
+        request=WorkerCheckpointsIn,
+        responses={
+            201: inline_serializer(
+                "CheckpointAck", {"id": serializers.CharField(), "step": serializers.IntegerField()}
+            ),
+        },
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = self.validated(self.WorkerCheckpointsIn, request.data)
+        checkpoint = worker_services.register_checkpoint(
+            job=self.job, step=data["step"], files=data["files"], final=data["final"]
+        )
+        return Response({"id": checkpoint.public_id, "step": checkpoint.step}, status=201)
+
+
+class WorkerCompleteView(WorkerView):
+    class WorkerCompleteIn(serializers.Serializer):
+        ok = serializers.BooleanField()
+        error_code = serializers.CharField(
+            required=False, allow_null=True, default=None, max_length=64
+        )
+        message = LossyText(limit=MAX_MESSAGE_CHARS, required=False, default="")
+
+    @extend_schema(request=WorkerCompleteIn, responses={200: Ack})
+    def post(self, request: Request, job_id: str) -> Response:
+        data = self.validated(self.WorkerCompleteIn, request.data)
+        job = worker_services.complete(
+            job=self.job, ok=data["ok"], error_code=data["error_code"], message=data["message"]
+        )
+        return _ok(job)
