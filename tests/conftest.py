@@ -14,6 +14,8 @@ from botocore.config import Config
 from django.db import connection
 from rest_framework.test import APIClient
 
+from billing.services import open_billing_account
+from providers.services import get_adapter
 from veri import services as veri_services
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -87,6 +89,25 @@ def store_kind(request, settings) -> str:
 @pytest.fixture
 def workspace(db):
     workspace, _ = veri_services.create_workspace(name="acme")
+    return workspace
+
+
+@pytest.fixture
+def cloud(settings):
+    """The fake `aws` provider, usable and the default."""
+    settings.VERI_PROVIDER_ADAPTERS = {
+        "local": "providers.local.LocalProvider",
+        "aws": "tests.training.fakes.FakeCloud",
+    }
+    adapter = get_adapter("aws")
+    adapter.reset()
+    yield adapter
+    adapter.reset()
+
+
+@pytest.fixture
+def billed(workspace):
+    open_billing_account(workspace=workspace)
     return workspace
 
 

@@ -4,33 +4,12 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
-from billing.services import open_billing_account
-from providers.services import get_adapter
 from training.models import TrainingJob
 from training.services import jobs
 from training.services.worker import mint_job_token
 
 GRPO_ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(8)]
 REWARD = "def reward(completions, **kwargs):\n    return [float('4' in c) for c in completions]\n"
-
-
-@pytest.fixture
-def cloud(settings):
-    """The fake `aws` provider, usable and the default."""
-    settings.VERI_PROVIDER_ADAPTERS = {
-        "local": "providers.local.LocalProvider",
-        "aws": "tests.training.fakes.FakeCloud",
-    }
-    adapter = get_adapter("aws")
-    adapter.reset()
-    yield adapter
-    adapter.reset()
-
-
-@pytest.fixture
-def billed(workspace):
-    open_billing_account(workspace=workspace)
-    return workspace
 
 
 def upload_dataset(client: APIClient, rows: list[dict], name: str = "train.jsonl") -> dict:

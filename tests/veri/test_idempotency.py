@@ -1,0 +1,120 @@
+"""`Idempotency-Key` is claimed before the work: concurrent twins never do it twice."""
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from tests.conftest import assert_error, in_threads, postgres_only
+from tests.training.conftest import GRPO_ROWS, job_body, upload_dataset
+from training.models import Dataset, TrainingJob
+from veri import idempotency
+from veri import services as veri_services
+from veri.models import IdempotencyRecord
+from volumes.models import Upload, Volume
+
+CONCURRENT = 10
+
+
+def keyed_client(raw_key: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}", HTTP_IDEMPOTENCY_KEY="one-key")
+    return client
+
+
+def jsonl_file() -> io.BytesIO:
+    upload = io.BytesIO("".join(json.dumps(r) + "\n" for r in GRPO_ROWS).encode())
+    upload.name = "train.jsonl"
+    return upload
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("endpoint", ["training_jobs", "volumes", "datasets", "uploads"])
+def test_concurrent_twins_with_one_key_do_the_work_once(
+    endpoint, api_client, billed, cloud, settings, local_store_url
+):
+    settings.VERI_STORE = local_store_url
+    dataset = upload_dataset(api_client, GRPO_ROWS)
+    Volume.objects.create(workspace=billed, name="corpus", region="us-east-1")
+    _, raw_key = veri_services.create_api_key(workspace=billed, name="race")
+    before = {
+        "training_jobs": TrainingJob.objects.count,
+        "volumes": Volume.objects.count,
+        "datasets": Dataset.objects.count,
+        "uploads": Upload.objects.count,
+    }[endpoint]
+    start = before()
+
+    def post(_index):
+        client = keyed_client(raw_key)
+        if endpoint == "training_jobs":
+            response = client.post("/v1/training_jobs", job_body(dataset), format="json")
+        elif endpoint == "volumes":
+            response = client.post("/v1/volumes", {"name": "fresh"}, format="json")
+        elif endpoint == "datasets":
+            response = client.post("/v1/datasets", {"file": jsonl_file()}, format="multipart")
+        else:
+            response = client.post(
+                "/v1/volumes/corpus/files", {"path": "a.txt", "size": 3}, format="json"
+            )
+        return response.status_code, response.json()
+
+    answers = in_threads(CONCURRENT, post)
+    assert before() == start + 1
+    first = answers[0]
+    assert first[0] == 201, first
+    assert all(answer == first for answer in answers), answers
+
+
+@pytest.mark.django_db
+def test_a_key_still_in_progress_is_409_after_the_wait(api_client, workspace, settings):
+    settings.VERI_IDEMPOTENCY_WAIT_SECONDS = 0.2
+    IdempotencyRecord.objects.create(
+        workspace=workspace,
+        key="busy",
+        request_fingerprint=idempotency.fingerprint("/v1/volumes", {"name": "x"}),
+    )
+    answer = api_client.post(
+        "/v1/volumes", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="busy"
+    )
+    assert_error(answer, 409, "idempotency_in_progress")
+    assert not Volume.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_abandoned_claim_is_taken_over(api_client, workspace, settings):
+    record = IdempotencyRecord.objects.create(
+        workspace=workspace,
+        key="crashed",
+        request_fingerprint=idempotency.fingerprint("/v1/volumes", {"name": "x"}),
+    )
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.VERI_IDEMPOTENCY_STALE_SECONDS + 1)
+    )
+    answer = api_client.post(
+        "/v1/volumes", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="crashed"
+    )
+    assert answer.status_code == 201
+    assert IdempotencyRecord.objects.get(key="crashed").status_code == 201
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["k" * 256, "tab\there", "é"])
+def test_a_key_past_its_column_or_not_ascii_is_400(api_client, key):
+    answer = api_client.post("/v1/volumes", {"name": "x"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert_error(answer, 400, "invalid_idempotency_key", "Idempotency-Key")
+    assert not Volume.objects.exists() and not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_error_answer_is_replayed_too(api_client):
+    """The first answer stands, even an error: a retry of a refused request is refused alike."""
+    headers = {"HTTP_IDEMPOTENCY_KEY": "bad-name"}
+    first = api_client.post("/v1/volumes", {"name": "-bad"}, format="json", **headers)
+    again = api_client.post("/v1/volumes", {"name": "-bad"}, format="json", **headers)
+    assert first.status_code == again.status_code == 400
+    assert first.json() == again.json()
