@@ -4,7 +4,12 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,6 +25,7 @@ from volumes.api import PlainString
 from volumes.stores import store_for
 
 MAX_LOG_LINES = 1000
+EXAMPLE_DATASET_ID = "ds_0123456789abcdef"  # in the schema's examples
 
 
 class DatasetOut(serializers.ModelSerializer):
@@ -55,7 +61,9 @@ class ErrorOut(serializers.Serializer):
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id")
     dataset_id = serializers.CharField(source="dataset.public_id")
-    resume_from = serializers.CharField(source="resume_from.public_id", default=None)
+    resume_from = serializers.CharField(
+        source="resume_from.public_id", default=None, allow_null=True
+    )
     error = serializers.SerializerMethodField()
     cost_usd = serializers.SerializerMethodField()
     refund = serializers.SerializerMethodField()
@@ -159,7 +167,22 @@ class DatasetsView(WorkspaceView):
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_datasets(workspace=self.workspace), DatasetOut)
 
-    @extend_schema(request=DatasetsIn, responses={201: DatasetOut})
+    @extend_schema(
+        request=DatasetsIn,
+        responses={201: DatasetOut},
+        examples=[
+            OpenApiExample(
+                "A file in a volume",
+                {"source": "volume", "volume": "corpus", "path": "train.jsonl"},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "A Hugging Face dataset",
+                {"source": "hf", "repo": "openai/gsm8k", "split": "train"},
+                request_only=True,
+            ),
+        ],
+    )
     def post(self, request: Request) -> Response:
         data = self.validated(self.DatasetsIn, request.data)
         source = data.get("source") or ("upload" if "file" in data else None)
@@ -235,7 +258,26 @@ class TrainingJobsView(WorkspaceView):
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_jobs(workspace=self.workspace), JobOut)
 
-    @extend_schema(request=SubmitIn, responses={201: JobOut})
+    @extend_schema(
+        request=SubmitIn,
+        responses={201: JobOut},
+        examples=[
+            OpenApiExample(
+                "GRPO on a model kept in a volume",
+                {
+                    "base_model": "volume://corpus/models/m",
+                    "dataset_id": EXAMPLE_DATASET_ID,
+                    "method": "grpo",
+                    "reward_source": "def reward(completions, **kw):\n"
+                    "    return [float('a' in c) for c in completions]\n",
+                    "hyperparameters": {"max_steps": 50, "rollouts_per_prompt": 8},
+                    "gpu_type": "cpu",
+                    "checkpoint_every": 10,
+                },
+                request_only=True,
+            )
+        ],
+    )
     def post(self, request: Request) -> Response:
         data = self.validated(SubmitIn, request.data)
         job = job_services.submit_job(

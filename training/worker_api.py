@@ -6,7 +6,12 @@ Everything a worker sends is hostile input: every body goes through a serializer
 import re
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_field, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiExample,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -130,7 +135,11 @@ class WorkerStatusView(WorkerView):
     class WorkerStatusIn(serializers.Serializer):
         status = serializers.CharField(max_length=20)
 
-    @extend_schema(request=WorkerStatusIn, responses={200: Ack})
+    @extend_schema(
+        request=WorkerStatusIn,
+        responses={200: Ack},
+        examples=[OpenApiExample("Training started", {"status": "running"}, request_only=True)],
+    )
     def post(self, request: Request, job_id: str) -> Response:
         status = self.validated(self.WorkerStatusIn, request.data)["status"]
         return _ok(worker_services.report_status(job=self.job, status=status))
@@ -209,6 +218,13 @@ class WorkerOutputCredentialsView(WorkerView):
 
     @extend_schema(
         request=WorkerOutputCredentialsIn,
+        examples=[
+            OpenApiExample(
+                "A checkpoint's files",
+                {"paths": ["checkpoints/step-00000010/adapter_model.safetensors"]},
+                request_only=True,
+            )
+        ],
         responses={
             200: inline_serializer("OutputUrls", {"files": OutputUrls}),
         },
@@ -234,6 +250,13 @@ class WorkerCheckpointsView(WorkerView):
 
     @extend_schema(
         request=WorkerCheckpointsIn,
+        examples=[
+            OpenApiExample(
+                "The final model",
+                {"step": 50, "final": True, "files": [{"path": "adapter_config.json", "size": 2}]},
+                request_only=True,
+            )
+        ],
         responses={
             201: inline_serializer(
                 "CheckpointAck", {"id": serializers.CharField(), "step": serializers.IntegerField()}
@@ -256,7 +279,18 @@ class WorkerCompleteView(WorkerView):
         )
         message = LossyText(limit=MAX_MESSAGE_CHARS, required=False, default="")
 
-    @extend_schema(request=WorkerCompleteIn, responses={200: Ack})
+    @extend_schema(
+        request=WorkerCompleteIn,
+        responses={200: Ack},
+        examples=[
+            OpenApiExample("Done", {"ok": True}, request_only=True),
+            OpenApiExample(
+                "Failed",
+                {"ok": False, "error_code": "oom", "message": "CUDA out of memory"},
+                request_only=True,
+            ),
+        ],
+    )
     def post(self, request: Request, job_id: str) -> Response:
         data = self.validated(self.WorkerCompleteIn, request.data)
         job = worker_services.complete(

@@ -4,6 +4,7 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
+    OpenApiExample,
     OpenApiParameter,
     extend_schema,
     extend_schema_field,
@@ -144,7 +145,11 @@ class VolumesView(WorkspaceView):
     def get(self, request: Request) -> Response:
         return paginate(request, selectors.list_volumes(workspace=self.workspace), VolumeOut)
 
-    @extend_schema(request=VolumesIn, responses={200: VolumeOut, 201: VolumeOut})
+    @extend_schema(
+        request=VolumesIn,
+        responses={200: VolumeOut, 201: VolumeOut},
+        examples=[OpenApiExample("A volume", {"name": "my-corpus"}, request_only=True)],
+    )
     def post(self, request: Request) -> Response:
         data = self.validated(self.VolumesIn, request.data)
         volume, created = services.create_volume(workspace=self.workspace, **data)
@@ -184,7 +189,15 @@ class VolumeFilesView(VolumeScopedView):
         )
         return paginate(request, files, FileOut, order_by="path")
 
-    @extend_schema(request=FileIn, responses={201: UploadInstructions})
+    @extend_schema(
+        request=FileIn,
+        responses={201: UploadInstructions},
+        examples=[
+            OpenApiExample(
+                "One file", {"path": "data/train.jsonl", "size": 1024}, request_only=True
+            )
+        ],
+    )
     def post(self, request: Request, volume_id: str) -> Response:
         volume = self.volume(volume_id)
         data = self.validated(FileIn, request.data)

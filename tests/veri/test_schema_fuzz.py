@@ -1,0 +1,187 @@
+"""A property-based fuzzer over every `/v1` operation, customer and worker, driven by the schema
+the API serves: with real ids (so requests get past 404), with generated ones, and with bodies
+that break the schema. No answer may be a 5xx, and every answer must match the schema."""
+
+import json
+
+import pytest
+import schemathesis
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hypothesis_settings
+from rest_framework.test import APIClient
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
+from tests.conftest import fill_volume
+from tests.training.conftest import GRPO_ROWS, REWARD, drive
+from training.api import EXAMPLE_DATASET_ID
+from training.models import Checkpoint, Dataset, TrainingJob
+from training.services import jobs
+from training.services.worker import mint_job_token
+from veri import services as veri_services
+from volumes import services as volume_services
+from volumes.models import Upload, Volume
+
+pytestmark = pytest.mark.django_db
+EXAMPLES = 20  # per operation and mode: ~2,000 requests in all, in-process
+
+
+@pytest.fixture
+def served_schema():
+    """What `/v1/schema` serves, as the fuzzer reads it."""
+    return schemathesis.openapi.from_dict(
+        json.loads(APIClient().get("/v1/schema", {"format": "json"}).content)
+    )
+
+
+def operations() -> list[str]:
+    from drf_spectacular.generators import SchemaGenerator
+
+    paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
+    return [f"{method.upper()} {path}" for path, item in paths.items() for method in item]
+
+
+@pytest.fixture
+def wsgi_app(served_schema):
+    """Django's own WSGI handler, in this test's transaction: the hooks that would close the
+    connection mid-transaction are off while the fuzzer runs (as in Django's test client)."""
+    for signal in (request_started, request_finished):
+        signal.disconnect(close_old_connections)
+    yield WSGIHandler()
+    for signal in (request_started, request_finished):
+        signal.connect(close_old_connections)
+
+
+class World:
+    """Real objects for the fuzzer's requests: a volume with a file and a pending upload, a
+    dataset, a job with a checkpoint, and for worker calls a fresh live job each time (a
+    `complete` ends a job and its token)."""
+
+    def __init__(self, settings, tmp_path):
+        settings.VERI_STORE = f"file://{tmp_path / 'store'}"
+        settings.VERI_PROVIDER_ADAPTERS = {
+            "local": "providers.local.LocalProvider",
+            "aws": "tests.training.fakes.FakeCloud",
+        }
+        settings.VERI_DEFAULT_PROVIDER = "local"  # what the schema's submit example runs on
+        self.workspace, self.api_key = veri_services.create_workspace(name="fuzz")
+        from billing.services import open_billing_account
+
+        open_billing_account(workspace=self.workspace)
+        self.ensure()
+
+    def ensure(self) -> None:
+        self.volume = Volume.objects.select_related("workspace").filter(
+            workspace=self.workspace, name="corpus"
+        ).first() or fill_volume(
+            self.workspace, "corpus", {"train.jsonl": _jsonl(), "models/m/config.json": b"{}"}
+        )
+        upload = Upload.objects.filter(volume=self.volume, status=Upload.Status.PENDING).first()
+        if upload is None:
+            volume_services.start_uploads(
+                volume=self.volume, files=[volume_services.FileToUpload(path="new.txt", size=3)]
+            )
+            upload = Upload.objects.filter(volume=self.volume, status="pending").first()
+        self.upload_id = upload.public_id
+        self.dataset = Dataset.objects.filter(workspace=self.workspace).first() or (
+            _dataset(self.workspace)
+        )
+        self.job = (
+            TrainingJob.objects.filter(workspace=self.workspace, checkpoints__isnull=False).first()
+            or self._job_with_checkpoint()
+        )
+
+    def _job_with_checkpoint(self) -> TrainingJob:
+        job = self.new_job()
+        Checkpoint.objects.create(
+            workspace=self.workspace, job=job, step=1, files=[{"path": "a.bin", "size": 1}]
+        )
+        return job
+
+    def new_job(self) -> TrainingJob:
+        submission = jobs.Submission(
+            base_model="volume://corpus/models/m",
+            dataset_id=self.dataset.public_id,
+            method="grpo",
+            reward_source=REWARD,
+            provider="aws",
+            gpu_type="L4-24GB",
+        )
+        return jobs.submit_job(workspace=self.workspace, submission=submission)
+
+    def path_parameters(self) -> dict:
+        return {
+            "volume_id": self.volume.name,
+            "upload_id": self.upload_id,
+            "dataset_id": self.dataset.public_id,
+            "job_id": self.job.public_id,
+        }
+
+    def authorize(self, case) -> None:
+        """The right credential for the operation (and the world's dataset in place of the one
+        the schema's submit example names)."""
+        if isinstance(case.body, dict) and case.body.get("dataset_id") == EXAMPLE_DATASET_ID:
+            case.body = dict(case.body, dataset_id=self.dataset.public_id)
+        case.headers = dict(case.headers or {})
+        if case.path.startswith("/v1/worker/"):
+            job = drive(self.new_job(), "provisioning", "configuring")
+            case.path_parameters = dict(case.path_parameters or {}, job_id=job.public_id)
+            case.headers["Authorization"] = f"Bearer {mint_job_token(job=job)}"
+        else:
+            case.headers["Authorization"] = f"Bearer {self.api_key}"
+
+
+def _jsonl() -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in GRPO_ROWS).encode()
+
+
+def _dataset(workspace) -> Dataset:
+    from training.services.datasets import create_volume_dataset
+
+    return create_volume_dataset(workspace=workspace, volume="corpus", path="train.jsonl")
+
+
+@pytest.mark.parametrize("operation", operations())
+def test_no_operation_answers_5xx_or_off_schema(
+    operation, served_schema, wsgi_app, settings, tmp_path
+):
+    world = World(settings, tmp_path)
+    method, path = operation.split(" ", 1)
+    api_operation = served_schema[path][method]
+    path_names = {p.name for p in api_operation.path_parameters}
+
+    def fuzz(strategy, *, examples: int, real_ids: bool) -> None:
+        @hypothesis_settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=strategy)
+        def check(case):
+            world.ensure()
+            if real_ids:
+                known = world.path_parameters()
+                case.path_parameters = {k: known[k] for k in path_names}
+            world.authorize(case)
+            response = case.call(app=wsgi_app)
+            case.validate_response(
+                response, checks=[not_a_server_error, response_schema_conformance]
+            )
+
+        check()
+
+    for strategy in api_operation.get_strategies_from_examples():  # the schema's own examples
+        fuzz(strategy, examples=1, real_ids=True)
+    for mode, real_ids in [
+        (GenerationMode.POSITIVE, True),
+        (GenerationMode.NEGATIVE, True),
+        (GenerationMode.POSITIVE, False),  # generated ids: 404s, never 5xx
+    ]:
+        fuzz(api_operation.as_strategy(generation_mode=mode), examples=EXAMPLES, real_ids=real_ids)
