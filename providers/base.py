@@ -23,6 +23,10 @@ class NoFreeSlot(ProviderError):
     """Every slot is busy: the job waits in `queued` and is tried again."""
 
 
+class ControlPlaneUnreachable(ProviderError):
+    """A worker launched now could not call the control plane back (`VERI_PUBLIC_URL`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     job_id: str

@@ -48,6 +48,9 @@ class ProviderSpec:
     zones: dict[str, tuple[str, ...]]  # region -> zones, tried in order
     gpus: tuple[GpuType, ...]
     launch_timeout_seconds: int
+    # How long a launched worker has to register before the job fails with provisioning_error
+    # (None: the provisioning deadline, VERI_PROVISIONING_TIMEOUT_SECONDS, which covers a boot).
+    register_timeout_seconds: int | None = None
 
     def gpu(self, name: str) -> GpuType | None:
         return next((g for g in self.gpus if g.name == name), None)
@@ -126,7 +129,14 @@ def local_provider() -> ProviderSpec:
     if gpu := local_gpu_name():
         gpus.append(GpuType(gpu, int(gpu.rsplit("-", 1)[1].removesuffix("GB")), price, 1))
     zones = {region.code: ("local",) for region in REGIONS if not region.coming_soon}
-    return ProviderSpec("local", "This machine", zones, tuple(gpus), launch_timeout_seconds=120)
+    return ProviderSpec(
+        "local",
+        "This machine",
+        zones,
+        tuple(gpus),
+        launch_timeout_seconds=120,
+        register_timeout_seconds=settings.VERI_LOCAL_REGISTER_TIMEOUT_SECONDS,
+    )
 
 
 def providers() -> list[ProviderSpec]:

@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 from django.conf import settings
 
-from providers.base import InstanceState, LaunchSpec, ProviderAdapter
+from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, ProviderAdapter
 
 HOST_SCRIPT = Path(__file__).with_name("local_host.py")
 
@@ -30,6 +31,27 @@ def _control_plane_only(name: str) -> bool:
     """Settings and secrets of the control plane, which a worker must not see; worker options
     (VERI_WORKER_*) pass."""
     return name.startswith(CONTROL_PLANE_ENV) and not name.startswith("VERI_WORKER_")
+
+
+def _check_control_plane(api_url: str) -> None:
+    """The worker calls back `api_url`: a launch that it could not reach is refused now, rather
+    than a job left waiting for a registration that never comes."""
+    hint = (
+        f"Local workers call the API server back at VERI_PUBLIC_URL={api_url}, which "
+        "{problem}. Start the server there, or set VERI_PUBLIC_URL to the URL it listens on "
+        "(for both the server and the qcluster)."
+    )
+    try:
+        answer = httpx.get(f"{api_url.rstrip('/')}/healthz", timeout=5)
+        body = answer.json()
+    except httpx.HTTPError as exc:
+        raise ControlPlaneUnreachable(hint.format(problem=f"did not answer ({exc})")) from exc
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "database" not in body:
+        raise ControlPlaneUnreachable(
+            hint.format(problem=f"answered HTTP {answer.status_code} but is not a Veri API")
+        )
 
 
 def _in_hub_cache(repo_id: str) -> bool:
@@ -74,6 +96,7 @@ class LocalProvider(ProviderAdapter):
         return Path(settings.VERI_LOCAL_INSTANCES_DIR) / job_id
 
     def launch(self, spec: LaunchSpec) -> str:
+        _check_control_plane(spec.api_url)
         folder = self.instance_dir(spec.job_id)
         (folder / "mnt").mkdir(parents=True, exist_ok=True)
         command = [

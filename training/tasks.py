@@ -15,6 +15,7 @@ from django_q.tasks import async_task
 from providers import catalog
 from providers.base import (
     CapacityError,
+    ControlPlaneUnreachable,
     FundsError,
     LaunchSpec,
     NoFreeSlot,
@@ -95,6 +96,10 @@ def provision_job(*, job_id: int) -> str:
         )
         try:
             external_id = adapter.launch(launch)
+        except ControlPlaneUnreachable as exc:
+            instance.delete()
+            jobs.fail_job(job_id=job.pk, code="provisioning_error", message=str(exc))
+            return "provisioning_error"
         except ProviderError as exc:
             instance.delete()
             outcome = {CapacityError: "capacity", QuotaError: "quota", FundsError: "funds"}.get(
@@ -244,6 +249,14 @@ def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] |
         )
     if job.status == S.PROVISIONING:
         waited = (now - job.provisioning_at).total_seconds()
+        register_limit = catalog.get_provider(job.provider).register_timeout_seconds
+        if register_limit and waited > register_limit:
+            return "provisioning_error", (
+                f"The worker did not register within {register_limit} s of launching. It calls "
+                f"the API server back at VERI_PUBLIC_URL={settings.VERI_PUBLIC_URL}; if the "
+                "server listens elsewhere, set VERI_PUBLIC_URL to its URL for the server and the "
+                "qcluster, then re-submit."
+            )
         if waited > settings.VERI_PROVISIONING_TIMEOUT_SECONDS:
             return "provisioning_timeout", (
                 f"No worker registered within {settings.VERI_PROVISIONING_TIMEOUT_SECONDS} s "

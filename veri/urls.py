@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from providers.api import GpusView, RegionsView
 from veri import errors
+from veri.health import healthz
 
 v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
@@ -21,6 +22,7 @@ v1 = [
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
     path("v1/", include(v1)),
 ]
 

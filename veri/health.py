@@ -1,0 +1,36 @@
+"""`/healthz`: whether this process can reach what it needs. 200 when all is well, else 503."""
+
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django_q.brokers import get_broker
+
+from volumes.stores import get_store
+
+
+def _database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def _broker() -> None:
+    if not get_broker().ping():
+        raise ConnectionError("the task broker did not answer")
+
+
+def _store() -> None:
+    get_store().head("healthz")  # a missing object is fine: the store answered
+
+
+CHECKS = {"database": _database, "broker": _broker, "store": _store}
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    answer = {}
+    for name, check in CHECKS.items():
+        try:
+            check()
+            answer[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer, not a 500
+            answer[name] = f"error: {type(exc).__name__}: {exc}"[:300]
+    healthy = all(state == "ok" for state in answer.values())
+    return JsonResponse(answer, status=200 if healthy else 503)
