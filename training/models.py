@@ -192,6 +192,18 @@ class Checkpoint(models.Model):
         return [(f, self.prefix.key(f["path"])) for f in self.files]
 
 
+class WatchdogState(models.Model):
+    """The one row behind the watchdog's tick chain: which run of it is current, and when it
+    last ticked and archived logs (see `training.tasks.watch_tick`)."""
+
+    run = models.CharField(max_length=32, blank=True)
+    last_tick_at = models.DateTimeField(null=True)
+    last_archive_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"watchdog run {self.run or '-'} at {self.last_tick_at}"
+
+
 class JobToken(models.Model):
     """The worker's credential: one job's worker endpoints only, dead once the job is terminal."""
 

@@ -3,8 +3,9 @@ Each is idempotent and safe when two runs overlap."""
 
 import logging
 import time
+import uuid
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -24,7 +25,7 @@ from providers.base import (
 )
 from providers.models import Instance, LaunchAttempt, ProviderLock
 from providers.services import get_adapter, usable_providers
-from training.models import JobEvent, JobStatus, TrainingJob
+from training.models import JobEvent, JobStatus, TrainingJob, WatchdogState
 from training.services import jobs, logs
 from training.services.worker import mint_job_token
 
@@ -287,17 +288,50 @@ def archive_running_logs() -> int:
     return written
 
 
-def watch_jobs(*, duration: float = 55.0) -> None:
-    """The scheduled watchdog (every minute): ticks every VERI_WATCH_PERIOD_SECONDS for about a
-    minute, so deadlines are enforced within seconds rather than minutes."""
-    deadline = time.monotonic() + duration
-    next_archive = 0.0
+def watch_jobs() -> str:
+    """The minute schedule: hand queued jobs their launch, and start the watchdog's tick chain
+    when no tick ran lately (the first start, or a link lost with a killed task worker)."""
     _enqueue_waiting()
-    while True:
-        check_jobs()
-        if time.monotonic() >= next_archive:
+    return ensure_watch_chain()
+
+
+def ensure_watch_chain(*, now: datetime | None = None) -> str:
+    now = now or timezone.now()
+    WatchdogState.objects.get_or_create(pk=1)
+    silent_since = now - timedelta(seconds=max(3 * settings.VERI_WATCH_PERIOD_SECONDS, 30))
+    run = uuid.uuid4().hex
+    started = (
+        WatchdogState.objects.filter(pk=1)
+        .filter(Q(last_tick_at__isnull=True) | Q(last_tick_at__lt=silent_since))
+        .update(run=run, last_tick_at=now)
+    )
+    if not started:
+        return "ticking"
+    _next_tick(run=run, due=time.time())
+    return "started"
+
+
+def _next_tick(*, run: str, due: float) -> None:
+    async_task("training.tasks.watch_tick", run=run, due=due, save=False)
+
+
+def watch_tick(*, run: str, due: float) -> str:
+    """One watchdog tick, then the next one queued `VERI_WATCH_PERIOD_SECONDS` on: deadlines hold
+    within seconds, and a task worker is never held longer than one period, so a qcluster stops
+    within seconds on SIGTERM. The next link waits in the broker across a restart, so no tick
+    is lost; a link of a superseded run ends the run."""
+    period = settings.VERI_WATCH_PERIOD_SECONDS
+    time.sleep(max(0.0, min(due - time.time(), period)))
+    now = timezone.now()
+    if not WatchdogState.objects.filter(pk=1, run=run).update(last_tick_at=now):
+        return "superseded"
+    try:
+        check_jobs(now=now)
+        archive_after = now - timedelta(seconds=settings.VERI_LOG_ARCHIVE_SECONDS)
+        if WatchdogState.objects.filter(
+            Q(last_archive_at__isnull=True) | Q(last_archive_at__lte=archive_after), pk=1
+        ).update(last_archive_at=now):
             archive_running_logs()
-            next_archive = time.monotonic() + settings.VERI_LOG_ARCHIVE_SECONDS
-        if time.monotonic() + settings.VERI_WATCH_PERIOD_SECONDS > deadline:
-            return
-        time.sleep(settings.VERI_WATCH_PERIOD_SECONDS)
+    finally:
+        _next_tick(run=run, due=time.time() + period)
+    return "ticked"

@@ -56,6 +56,8 @@ class Shipper:
     heartbeat with the current step every `heartbeat_interval` seconds."""
 
     MAX_BUFFERED_LINES = 200_000  # beyond this the oldest lines are dropped (and counted)
+    MAX_LINE_CHARS = 16_384  # what the control plane keeps of one line
+    MAX_BATCH_CHARS = 1024**2  # one request stays well under the API's body limit
 
     def __init__(
         self, api: ControlPlane, *, interval: float = 1.0, heartbeat_interval: float = 10.0
@@ -74,6 +76,7 @@ class Shipper:
         return self
 
     def line(self, text: str) -> None:
+        text = text.replace("\x00", "\ufffd")[: self.MAX_LINE_CHARS]
         with self.lock:
             if len(self.lines) >= self.MAX_BUFFERED_LINES:
                 self.lines.popleft()
@@ -93,7 +96,13 @@ class Shipper:
     def flush(self) -> bool:
         """Send what is buffered; True when everything got through."""
         with self.lock:
-            lines, points = list(self.lines)[:2000], list(self.points)
+            lines, size = [], 0
+            for line in self.lines:
+                size += len(line["text"]) + 32
+                if len(lines) == 2000 or (lines and size > self.MAX_BATCH_CHARS):
+                    break
+                lines.append(line)
+            points = self.points[:2000]
         try:
             if lines:
                 self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)

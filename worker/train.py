@@ -88,20 +88,65 @@ def load_rows(spec: dict) -> list[dict]:
     return rows
 
 
-def make_callback(events: Events):
+def duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h04m`: short enough for a progress line."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+SHOWN = (("loss", "loss"), ("reward", "reward"), ("kl", "kl"), ("learning_rate", "lr"))
+
+
+def progress_line(step: int, max_steps: int, values: dict, seconds_per_step: float | None) -> str:
+    """One readable line per step, e.g. `step 12/60  loss 0.41  reward 0.37  3.1 s/step  eta
+    2m29s`; every value still goes to /metrics."""
+    parts = [f"step {step}/{max_steps}" if max_steps > 0 else f"step {step}"]
+    parts += [f"{label} {values[key]:.4g}" for key, label in SHOWN if key in values]
+    if seconds_per_step:
+        parts.append(f"{seconds_per_step:.2g} s/step")
+        if max_steps > step:
+            parts.append(f"eta {duration((max_steps - step) * seconds_per_step)}")
+    return "  ".join(parts)
+
+
+def set_adapter_base(folder: Path, spec: dict) -> None:
+    """Name the base model in a saved adapter (its config and model card) as the customer named
+    it (a hub id, or `volume://…`), not as the worker's temporary mount path."""
+    config = folder / "adapter_config.json"
+    if config.is_file():
+        values = json.loads(config.read_text())
+        values["base_model_name_or_path"] = spec["base_model"]
+        config.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    card = folder / "README.md"
+    if card.is_file() and spec["model_path"] != spec["base_model"]:
+        card.write_text(card.read_text().replace(spec["model_path"], spec["base_model"]))
+
+
+def make_callback(events: Events, spec: dict):
     from transformers import TrainerCallback
 
     class VeriCallback(TrainerCallback):
-        """Per-step metrics, the step for heartbeats, and each saved checkpoint."""
+        """Per-step metrics and a readable progress line, the step for heartbeats, and each
+        saved checkpoint."""
 
         def __init__(self):
             self.last_tokens, self.last_time = None, time.monotonic()
+            self.started, self.first_step = time.monotonic(), None
 
         def on_train_begin(self, args, state, control, **kwargs):
+            self.started, self.first_step = time.monotonic(), state.global_step
             events.emit("running", step=state.global_step)
 
         def on_step_end(self, args, state, control, **kwargs):
             events.emit("step", step=state.global_step)
+
+        def seconds_per_step(self, step: int) -> float | None:
+            done = step - (self.first_step or 0)
+            return (time.monotonic() - self.started) / done if done > 0 else None
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             values = {
@@ -115,11 +160,22 @@ def make_callback(events: Events):
                 values["tokens_per_second"] = (tokens - self.last_tokens) / (now - self.last_time)
             if tokens is not None:
                 self.last_tokens, self.last_time = tokens, now
+            if "train_runtime" in values:  # the trainer's summary at the end
+                print(
+                    f"[veri] trained {state.global_step} steps in "
+                    f"{duration(values['train_runtime'])}",
+                    flush=True,
+                )
+            elif values:
+                step = state.global_step
+                line = progress_line(step, state.max_steps, values, self.seconds_per_step(step))
+                print(line, flush=True)
             if values:
                 events.emit("metrics", step=state.global_step, values=values)
 
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            set_adapter_base(folder, spec)
             events.emit("checkpoint", step=state.global_step, path=str(folder))
 
     return VeriCallback()
@@ -182,6 +238,7 @@ def load_model(spec: dict, lora: dict, cuda: bool):
 def build_trainer(spec: dict, rows: list[dict], events: Events):
     import torch
     from datasets import Dataset
+    from transformers import PrinterCallback
 
     hp, lora, method = spec["hyperparameters"], spec["lora"], spec["method"]
     cuda = torch.cuda.is_available() and spec["gpu_type"] != "cpu"
@@ -259,7 +316,8 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
     except (ValueError, TypeError) as exc:
         traceback.print_exc()
         raise JobFailure("config_error", f"the trainer refused this configuration: {exc}") from exc
-    trainer.add_callback(make_callback(events))
+    trainer.remove_callback(PrinterCallback)  # raw dicts; the progress line replaces them
+    trainer.add_callback(make_callback(events, spec))
     return trainer, tokenizer
 
 
@@ -289,6 +347,7 @@ def main() -> int:
         final = Path(spec["final_dir"])
         trainer.save_model(str(final))
         tokenizer.save_pretrained(str(final))
+        set_adapter_base(final, spec)
         print(f"[veri] training finished at step {trainer.state.global_step}", flush=True)
         events.emit("finished", step=trainer.state.global_step, path=str(final))
         return 0
@@ -296,8 +355,7 @@ def main() -> int:
         if not isinstance(exc, JobFailure):
             traceback.print_exc()
         code, message = classify(exc)
-        print(f"[veri] failed: {code}: {message}", file=sys.stderr, flush=True)
-        events.emit("error", code=code, message=message)
+        events.emit("error", code=code, message=message)  # the runner logs it, once
         return 1
 
 

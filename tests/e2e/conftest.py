@@ -47,7 +47,7 @@ def qcluster(transactional_db, settings):
     for process in processes:
         process.terminate()  # the cluster stops its workers itself; signalling them too stalls it
         try:
-            process.wait(timeout=5)  # a running watchdog loop would hold it up to a minute
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()

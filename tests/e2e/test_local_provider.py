@@ -40,7 +40,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
         STUB_STEP_SECONDS="1",
     )
     body = {
-        "base_model": "tiny",
+        "base_model": str(tmp_path),  # a folder on this machine, where local workers run
         "dataset_id": dataset["id"],
         "method": "grpo",
         "reward_source": REWARD,
@@ -67,7 +67,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
         assert (got["status"], got["last_step"]) == ("completed", 3), got
         assert got["cost_usd"] is not None and got["cost_attributed_at"] is not None
         full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
-        assert "stub step 3 of grpo on tiny" in full
+        assert f"stub step 3 of grpo on {tmp_path}" in full
         [final] = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
         assert final["final"] and final["files"][0]["path"] == "adapter_config.json"
         instance = Instance.objects.get(job__public_id=job_id)

@@ -2,6 +2,7 @@
 provider, trained by the real worker with TRL on a tiny model made here, checkpoints loaded back
 with transformers/peft."""
 
+import json
 import os
 import signal
 import statistics
@@ -96,21 +97,30 @@ def download_final(api_client, job_id: str, into: Path) -> Path:
     return into
 
 
-def assert_loads_and_generates(folder: Path) -> None:
+def assert_loads_and_generates(folder: Path, base: Path | None = None) -> None:
     """transformers + peft load the downloaded checkpoint and generate with it (in a subprocess,
-    so the test process does not import torch)."""
+    so the test process does not import torch). With `base`, as the README says to load an
+    adapter whose base model came from a volume: the base from a local copy, then the adapter."""
+    load = (
+        "from peft import PeftModel\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "base = AutoModelForCausalLM.from_pretrained(sys.argv[2])\n"
+        "m = PeftModel.from_pretrained(base, sys.argv[1])\n"
+        if base
+        else "from peft import AutoPeftModelForCausalLM\n"
+        "m = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1])\n"
+    )
     script = (
         "import sys\n"
-        "from peft import AutoPeftModelForCausalLM\n"
+        f"{load}"
         "from transformers import AutoTokenizer\n"
-        "m = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1])\n"
         "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
         "ids = t('Tell me', return_tensors='pt').input_ids\n"
         "out = m.generate(ids, max_new_tokens=4, do_sample=False)\n"
         "print('generated', out.shape[1] > ids.shape[1])\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script, str(folder)],
+        [sys.executable, "-c", script, str(folder), *([str(base)] if base else [])],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -124,13 +134,18 @@ def metric_series(api_client, job_id: str, name: str) -> list[float]:
 
 
 def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
-    api_client, platform, tiny_model, tmp_path
+    api_client, platform, tiny_model, tmp_path, workspace
 ):
     platform()
+    fill_volume(
+        workspace,
+        "models",
+        {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir() if p.is_file()},
+    )
     job_id = submit(
         api_client,
         GRPO_ROWS,
-        base_model=str(tiny_model),
+        base_model="volume://models/tiny",
         method="grpo",
         reward_source=SHARE_OF_A,
         hyperparameters={
@@ -152,9 +167,16 @@ def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
     assert got["last_step"] == 40 and got["started_at"] and float(got["cost_usd"]) > 0
     full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
     assert "[veri] training finished at step 40" in full
+    # One readable line per step, not the trainer's raw dicts.
+    progress = [line for line in full.splitlines() if line.startswith("step ")]
+    assert len(progress) == 40 and progress[-1].startswith("step 40/40  loss "), progress[-3:]
+    assert " reward " in progress[0] and " s/step" in progress[0] and " eta " in progress[0]
+    assert "{'loss'" not in full and "'reward'" not in full
     folder = download_final(api_client, job_id, tmp_path / "ckpt")
-    assert (folder / "adapter_config.json").exists() and (folder / "tokenizer.json").exists()
-    assert_loads_and_generates(folder)
+    assert (folder / "tokenizer.json").exists()
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "volume://models/tiny"  # not the worker's mount
+    assert_loads_and_generates(folder, base=tiny_model)
 
 
 def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_path):
@@ -290,6 +312,7 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
     assert "part-1.jsonl" in TrainingJob.objects.get(public_id=incomplete).error_message
     full = api_client.get(f"/v1/training_jobs/{raising}/logs/full").content.decode()
     assert "Traceback" in full and "ValueError: bad reward" in full
+    assert full.count("[veri] failed: training_error") == 1
 
 
 def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, workspace, settings):
@@ -314,7 +337,10 @@ def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, works
     # The store cannot write under the job's final/ folder: a file stands where it should be.
     job = TrainingJob.objects.select_related("workspace").get(public_id=refused)
     blocker = (
-        Path(settings.VERI_STORE.removeprefix("file://")) / "objects" / job.output_prefix / "final"
+        Path(settings.VERI_STORE.removeprefix("file://"))
+        / "objects"
+        / job.output_prefix.value
+        / "final"
     )
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("not a folder")

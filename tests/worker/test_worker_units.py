@@ -10,7 +10,7 @@ import pytest
 
 from worker.client import ControlPlane, Shipper
 from worker.errors import JobFailure
-from worker.train import classify, load_reward
+from worker.train import classify, duration, load_reward, progress_line, set_adapter_base
 from worker.volumes import check_disk
 
 
@@ -147,3 +147,49 @@ def test_s3_volume_sync_verifies_what_arrived(s3_endpoint, tmp_path):
         sync_volume(None, volume, tmp_path, lambda _: None)
     assert incomplete.value.code == "volume_sync_incomplete"
     assert "small.txt" in incomplete.value.message and "1 of 2 files" in incomplete.value.message
+
+
+def test_one_readable_progress_line_per_step():
+    values = {"loss": 0.41234, "reward": 0.37, "learning_rate": 0.01, "num_tokens": 12.0}
+    assert progress_line(12, 60, values, 3.1) == (
+        "step 12/60  loss 0.4123  reward 0.37  lr 0.01  3.1 s/step  eta 2m29s"
+    )
+    assert progress_line(60, 60, {"loss": 0.2}, 3.1) == "step 60/60  loss 0.2  3.1 s/step"
+    assert duration(7300) == "2h01m" and duration(42) == "42s"
+
+
+def test_a_saved_adapter_names_the_base_model_as_the_customer_did(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "/tmp/veri-x/mnt/corpus/models/m", "r": 8})
+    )
+    (tmp_path / "README.md").write_text("---\nbase_model: /tmp/veri-x/mnt/corpus/models/m\n---\n")
+    spec = {
+        "base_model": "volume://corpus/models/m",
+        "model_path": "/tmp/veri-x/mnt/corpus/models/m",
+    }
+    set_adapter_base(tmp_path, spec)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config == {"base_model_name_or_path": "volume://corpus/models/m", "r": 8}
+    assert "base_model: volume://corpus/models/m" in (tmp_path / "README.md").read_text()
+
+
+def test_shipped_batches_stay_under_the_body_limit_and_lines_are_cleaned():
+    sent = []
+
+    class Recorder:
+        def call(self, method, path, *, json=None, attempts=1):
+            sent.append(json)
+            return {}
+
+    shipper = Shipper(Recorder(), heartbeat_interval=3600)
+    for _ in range(300):
+        shipper.line("x" * 100_000)
+    shipper.line("bin\x00ary")
+    while not shipper.flush():
+        pass
+    log_batches = [body["lines"] for body in sent if body and "lines" in body]
+    assert all(sum(len(line["text"]) for line in batch) <= 1024**2 for batch in log_batches)
+    shipped = [line for batch in log_batches for line in batch]
+    assert [line["seq"] for line in shipped] == list(range(301))
+    assert len(shipped[0]["text"]) == Shipper.MAX_LINE_CHARS
+    assert shipped[-1]["text"] == "bin\ufffdary"
