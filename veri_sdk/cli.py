@@ -14,14 +14,25 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 
 from veri_sdk.client import Client
 from veri_sdk.config import DEFAULT_API_URL, load_config, save_config
-from veri_sdk.errors import VeriAPIError
+from veri_sdk.errors import AuthenticationError, VeriAPIError
+from veri_sdk.http import LOGIN_HINT
 
-out = Console()
+# Piped or redirected, tables are printed whole (nothing wrapped or cut) for scripts to read.
+out = Console(width=None if sys.stdout.isatty() else 10_000)
 err = Console(stderr=True)
+
+
+def table(*columns: str, whole: tuple[str, ...] = ()) -> Table:
+    """A plain table; the `whole` columns (ids, paths) are never cut short with an ellipsis: on a
+    narrow terminal they wrap instead."""
+    return Table(
+        *(Column(name, overflow="fold") if name in whole else Column(name) for name in columns),
+        box=None,
+    )
 
 
 def human_bytes(n: int) -> str:
@@ -66,21 +77,21 @@ def cmd_volumes_create(args, client) -> int:
 
 
 def cmd_volumes_list(args, client) -> int:
-    table = Table("NAME", "ID", "REGION", "FILES", "SIZE", "CREATED", box=None)
+    listing = table("NAME", "ID", "REGION", "FILES", "SIZE", "CREATED", whole=("NAME", "ID"))
     for v in client.volumes.list():
-        table.add_row(
+        listing.add_row(
             v.name, v.id, v.region, str(v.file_count), human_bytes(v.total_bytes), v.created_at
         )
-    out.print(table)
+    out.print(listing)
     return 0
 
 
 def cmd_volumes_ls(args, client) -> int:
-    table = Table("PATH", "SIZE", "SHA256", "UPLOADED", box=None)
+    listing = table("PATH", "SIZE", "SHA256", "UPLOADED", whole=("PATH",))
     files = client.volumes.files(args.name, prefix=args.prefix or "")
     for f in files:
-        table.add_row(f.path, human_bytes(f.size), f.sha256[:12], f.uploaded_at)
-    out.print(table)
+        listing.add_row(f.path, human_bytes(f.size), f.sha256[:12], f.uploaded_at)
+    out.print(listing)
     out.print(f"{len(files)} file(s), {human_bytes(sum(f.size for f in files))}")
     return 0
 
@@ -213,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args, Client)
     except VeriAPIError as exc:
         err.print(f"error: {exc.message}", highlight=False, markup=False)
+        if isinstance(exc, AuthenticationError) and exc.code != "missing_api_key":
+            err.print(f"To use another key, {LOGIN_HINT}.", highlight=False, markup=False)
         return 1
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterator
 
 import httpx
 
-from veri_sdk.errors import ConnectionFailed, error_from_body
+from veri_sdk.errors import AuthenticationError, ConnectionFailed, error_from_body
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
+LOGIN_HINT = "run `veri login` (it saves the API URL and key) or set VERI_API_KEY and VERI_API_URL"
 
 
 def backoff(attempt: int, retry_after: str | None = None) -> float:
@@ -23,7 +24,7 @@ def backoff(attempt: int, retry_after: str | None = None) -> float:
 
 
 def send_with_retries(
-    send: Callable[[], httpx.Response], *, max_retries: int, what: str
+    send: Callable[[], httpx.Response], *, max_retries: int, what: str, hint: str = ""
 ) -> httpx.Response:
     for attempt in range(max_retries + 1):
         try:
@@ -31,7 +32,7 @@ def send_with_retries(
         except httpx.TransportError as exc:
             if attempt == max_retries:
                 raise ConnectionFailed(
-                    0, "connection_failed", f"Could not reach {what}: {exc}"
+                    0, "connection_failed", f"Could not reach {what} ({exc}){hint}"
                 ) from exc
             time.sleep(backoff(attempt))
             continue
@@ -49,7 +50,7 @@ class ApiTransport:
         headers = {"User-Agent": "veri-sdk/0.1"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self.base_url, self.max_retries = base_url, max_retries
+        self.base_url, self.max_retries, self.api_key = base_url, max_retries, api_key
         self.http = httpx.Client(
             base_url=f"{base_url}/v1",
             headers=headers,
@@ -58,6 +59,8 @@ class ApiTransport:
         )
 
     def request(self, method: str, path: str, *, json=None, params=None, files=None, data=None):
+        if not self.api_key:
+            raise AuthenticationError(0, "missing_api_key", f"No API key: {LOGIN_HINT}.")
         headers = {"Idempotency-Key": str(uuid.uuid4())} if method == "POST" else {}
         response = send_with_retries(
             lambda: self.http.request(
@@ -65,6 +68,7 @@ class ApiTransport:
             ),
             max_retries=self.max_retries,
             what=self.base_url,
+            hint=f". Is the API server running there? If it is elsewhere, {LOGIN_HINT}.",
         )
         if response.status_code >= 400:
             try:

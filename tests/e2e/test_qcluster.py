@@ -9,7 +9,7 @@ import pytest
 from training import tasks
 from training.models import WatchdogState
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
 
 def state() -> WatchdogState:

@@ -31,7 +31,7 @@ def cli(live_server, monkeypatch, tmp_path):
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
-    run.workspace, run.key = workspace, key
+    run.workspace, run.key, run.url = workspace, key, live_server.url
     return run
 
 
@@ -204,3 +204,33 @@ def test_sdk_retries_5xx_with_one_idempotency_key_and_gives_up_on_dead_hosts():
     dead = Client(api_key="k", base_url=f"http://127.0.0.1:{free_port()}", max_retries=1)
     with pytest.raises(ConnectionFailed):
         dead.volumes.list()
+
+
+def test_without_credentials_the_cli_says_how_to_log_in(cli, capsys, monkeypatch):
+    monkeypatch.delenv("VERI_API_KEY")
+    code, _, err = cli("volumes", "list", capsys=capsys)
+    assert code == 1
+    assert "No API key" in err and "veri login" in err and "VERI_API_KEY" in err
+    monkeypatch.setenv("VERI_API_KEY", "veri_sk_aaaa_bbbb")
+    monkeypatch.setenv("VERI_API_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    code, _, err = cli("volumes", "list", capsys=capsys)
+    assert code == 1
+    assert "Is the API server running there?" in err and "veri login" in err
+    monkeypatch.setenv("VERI_API_URL", cli.url)
+    code, _, err = cli("volumes", "list", capsys=capsys)
+    assert code == 1 and "not valid" in err and "veri login" in err
+
+
+def test_tables_never_cut_ids_or_paths(cli, capsys, settings, local_store_url, tmp_path):
+    settings.VERI_STORE = local_store_url
+    name = "a-volume-name-long-enough-to-push-an-eighty-column-table-past-its-edge"
+    assert cli("volumes", "create", name, capsys=capsys)[0] == 0
+    deep = tmp_path / "tree" / ("folder-" * 12) / "file-with-a-long-name.jsonl"
+    deep.parent.mkdir(parents=True)
+    deep.write_text("{}\n")
+    assert cli("volumes", "upload-dir", name, str(tmp_path / "tree"), capsys=capsys)[0] == 0
+    code, out, _ = cli("volumes", "list", capsys=capsys)
+    volume = Volume.objects.get(name=name)
+    assert code == 0 and name in out and volume.public_id in out and "…" not in out
+    code, out, _ = cli("volumes", "ls", name, capsys=capsys)
+    assert code == 0 and deep.relative_to(tmp_path / "tree").as_posix() in out

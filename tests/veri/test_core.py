@@ -1,10 +1,13 @@
 """Tenancy core: the error format, idempotency, the schema, and the operator commands."""
 
+import json
+import re
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.conftest import assert_error, run_python
+from tests.conftest import REPO, assert_error, run_python
 from veri import services
 from veri.models import ApiKey, Workspace
 
@@ -66,6 +69,23 @@ def test_schema_describes_every_endpoint_without_warnings(tmp_path):
         assert f"{route}:" in text or f'"{route}"' in text, route
 
 
+def test_the_api_page_lists_exactly_the_schemas_operations():
+    """docs/api.md is the contract people read: it stays in step with /v1/schema."""
+    schema = json.loads(Client().get("/v1/schema", {"format": "json"}).content)
+    served = {
+        f"{method.upper()} {path}" for path, item in schema["paths"].items() for method in item
+    }
+    page = (REPO / "docs" / "api.md").read_text()
+    documented = {
+        f"{method} {path}"
+        for method, path in re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/v1/[^\s`?]+)", page)
+    }
+    assert documented == served, {
+        "in the schema, not on the page": sorted(served - documented),
+        "on the page, not in the schema": sorted(documented - served),
+    }
+
+
 def test_home_page_and_admin_login_render():
     client = Client()
     assert b"/v1/schema" in client.get("/").content
@@ -88,6 +108,11 @@ def test_create_workspace_prints_a_working_key_on_its_last_line():
     workspace = Workspace.objects.get(name="Acme Labs")
     assert services.authenticate_api_key(raw_key=key).workspace == workspace
     assert ApiKey.objects.get(workspace=workspace).secret_hash not in key  # only the hash is kept
+    again = run_python(
+        "manage.py", "create_workspace", "Acme Labs", env={"DATABASE_URL": _database_url()}
+    )
+    assert again.returncode != 0 and "already exists" in again.stderr
+    assert Workspace.objects.filter(name="Acme Labs").count() == 1
 
 
 def _database_url() -> str:

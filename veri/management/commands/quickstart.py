@@ -147,7 +147,9 @@ class Command(BaseCommand):
             f"  job         {job.id}: {job.status}, {job.last_step} steps\n"
             f"  reward      {first:.3f} (first steps) -> {last:.3f} (last steps)\n"
             f"  cost        ${job.cost_usd} on the local provider\n"
-            f"  checkpoint  {folder}/ (AutoPeftModelForCausalLM.from_pretrained loads it)\n"
+            f"  checkpoint  {folder}/ (its base is {MODEL_DIR.relative_to(REPO)}: "
+            "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder); "
+            "README: Loading a trained adapter)\n"
         )
 
     def step(self, text: str) -> None:
