@@ -46,13 +46,17 @@ def _alternative(job: TrainingJob, refused: str) -> str:
 
 def _reserve(job: TrainingJob, zone: str, gpu: catalog.GpuType) -> Instance:
     """An Instance row for the launch. On the local provider it takes one of VERI_LOCAL_SLOTS,
-    under a row lock so that two launches cannot both take the last slot."""
+    under a row lock so that two launches cannot both take the last slot, in submit order."""
     with transaction.atomic():
         if job.provider == "local":
             ProviderLock.objects.get_or_create(name="local")
             ProviderLock.objects.select_for_update().get(name="local")
             busy = Instance.objects.filter(provider="local", terminated_at__isnull=True).count()
-            if busy >= settings.VERI_LOCAL_SLOTS:
+            # First come, first served: the free slots belong to the oldest queued jobs.
+            ahead = TrainingJob.objects.filter(
+                provider="local", status=S.QUEUED, pk__lt=job.pk
+            ).count()
+            if busy + ahead >= settings.VERI_LOCAL_SLOTS:
                 raise NoFreeSlot(f"all {settings.VERI_LOCAL_SLOTS} local slot(s) are busy")
         Instance.objects.filter(job=job).delete()  # an earlier attempt's row that never launched
         return Instance.objects.create(

@@ -23,6 +23,14 @@ def backoff(attempt: int, retry_after: str | None = None) -> float:
     return min(0.25 * 2**attempt, 8.0) * (0.5 + random.random() / 2)
 
 
+def _retryable(response: httpx.Response) -> bool:
+    """5xx and 429; and 409 `idempotency_in_progress`: the first request with this call's key is
+    still working, and asking again later returns its answer."""
+    if response.status_code == 409:
+        return b'"idempotency_in_progress"' in response.content
+    return response.status_code in RETRY_STATUSES
+
+
 def send_with_retries(
     send: Callable[[], httpx.Response], *, max_retries: int, what: str, hint: str = ""
 ) -> httpx.Response:
@@ -36,7 +44,7 @@ def send_with_retries(
                 ) from exc
             time.sleep(backoff(attempt))
             continue
-        if response.status_code in RETRY_STATUSES and attempt < max_retries:
+        if _retryable(response) and attempt < max_retries:
             time.sleep(backoff(attempt, response.headers.get("Retry-After")))
             continue
         return response

@@ -157,17 +157,18 @@ def test_sdk_errors_are_typed(cli, settings, local_store_url):
 
 
 class FlakyApi(BaseHTTPRequestHandler):
-    """Answers 503 to the first two POSTs, then 201; remembers each Idempotency-Key."""
+    """Answers 503, then 409 `idempotency_in_progress` (the first attempt still working), then
+    201; remembers each Idempotency-Key."""
 
     keys: list[str] = []
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         FlakyApi.keys.append(self.headers["Idempotency-Key"])
-        status = 503 if len(FlakyApi.keys) <= 2 else 201
+        status = {1: 503, 2: 409}.get(len(FlakyApi.keys), 201)
         body = (
-            {"error": {"code": "unavailable", "message": "busy"}}
-            if status == 503
+            {"error": {"code": "unavailable" if status == 503 else "idempotency_in_progress"}}
+            if status != 201
             else {
                 "id": "vol_1",
                 "name": "x",
@@ -182,7 +183,7 @@ class FlakyApi(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
-        if status == 503:
+        if status != 201:
             self.send_header("Retry-After", "0")
         self.end_headers()
         self.wfile.write(payload)
@@ -191,7 +192,7 @@ class FlakyApi(BaseHTTPRequestHandler):
         pass
 
 
-def test_sdk_retries_5xx_with_one_idempotency_key_and_gives_up_on_dead_hosts():
+def test_sdk_retries_5xx_and_a_busy_key_with_one_idempotency_key_and_gives_up_on_dead_hosts():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyApi)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

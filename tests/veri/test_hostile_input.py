@@ -225,3 +225,11 @@ def test_metric_names_are_checked(launched):
     )
     assert_error(answer, 400, "invalid_request", "points.0.values")
     assert not MetricPoint.objects.exists()
+
+
+def test_empty_batches_are_400(api_client, workspace):
+    volume = fill_volume(workspace, "corpus", {"a.txt": b"a"})
+    for action, body in (("uploads:batch", {"files": []}), ("uploads:complete", {"uploads": []})):
+        answer = api_client.post(f"/v1/volumes/{volume.public_id}/{action}", body, format="json")
+        assert_error(answer, 400, "invalid_request")
+    assert Upload.objects.filter(volume=volume).count() == 1
