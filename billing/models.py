@@ -1,16 +1,137 @@
+"""Money: one account per workspace, an append-only ledger of integer micro-dollars, refunds and
+their review, and who changed a job's attribution. The balance is the sum of the ledger."""
+
+from django.conf import settings
 from django.db import models
 
 from veri.models import Workspace
 
 
 class BillingAccount(models.Model):
-    """A workspace may run jobs only with one (submit answers 402 otherwise). The ledger, balances
-    and Stripe build on it."""
+    """A workspace may run jobs only with one (submit answers 402 otherwise)."""
 
     workspace = models.OneToOneField(
         Workspace, on_delete=models.CASCADE, related_name="billing_account"
     )
+    stripe_customer_id = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return f"billing account of {self.workspace}"
+
+
+class AppendOnly(Exception):
+    """Ledger entries are never changed or removed; a correction is a new `adjustment`."""
+
+
+class LedgerQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AppendOnly("Ledger entries cannot be updated.")
+
+    def delete(self):
+        raise AppendOnly("Ledger entries cannot be deleted.")
+
+
+class LedgerEntry(models.Model):
+    class Kind(models.TextChoices):
+        TOP_UP = "top_up"
+        JOB_CHARGE = "job_charge"
+        STORAGE_CHARGE = "storage_charge"
+        REFUND_CREDIT = "refund_credit"
+        ADJUSTMENT = "adjustment"
+
+    # PROTECT: a workspace with money history is never deleted with its ledger.
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="ledger")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    # Micro-dollars; charges are negative, credits positive.
+    amount_micros = models.BigIntegerField()
+    # Named after what the entry pays for (`job_charge:<job pk>`): a second write of it fails.
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    job = models.ForeignKey("training.TrainingJob", on_delete=models.PROTECT, null=True, blank=True)
+    volume = models.ForeignKey(
+        "volumes.Volume", on_delete=models.SET_NULL, null=True, blank=True, db_constraint=False
+    )
+    volume_ref = models.CharField(max_length=40, blank=True)  # the volume's id, kept after delete
+    refund = models.ForeignKey("Refund", on_delete=models.PROTECT, null=True, blank=True)
+    description = models.CharField(max_length=300, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True
+    )  # null: the platform itself (a task, a webhook)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = LedgerQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
+        indexes = [models.Index(fields=["workspace", "-id"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount_micros / 1e6:+.6f} USD ({self.idempotency_key})"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AppendOnly("Ledger entries cannot be updated.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnly("Ledger entries cannot be deleted.")
+
+
+class Refund(models.Model):
+    """Money back for a job that failed through the platform's fault, as the catalog says: credited
+    at once, or pending an operator's review (approve → credited, or deny with a reason)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"  # decided; the credit is being written
+        CREDITED = "credited"
+        DENIED = "denied"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="refunds")
+    job = models.OneToOneField(
+        "training.TrainingJob", on_delete=models.PROTECT, related_name="refund"
+    )
+    amount_micros = models.BigIntegerField()
+    reason_code = models.CharField(max_length=40)  # the job's error code
+    status = models.CharField(max_length=10, choices=Status.choices, db_index=True)
+    decision_reason = models.TextField(blank=True)
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    credited_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        permissions = [("review_refund", "Can approve, deny and re-attribute refunds")]
+
+    def __str__(self) -> str:
+        return f"refund of {self.job} ({self.status})"
+
+
+class AttributionChange(models.Model):
+    """An operator's re-attribution of a failed job, with the reason; it re-drives the refund."""
+
+    job = models.ForeignKey(
+        "training.TrainingJob", on_delete=models.CASCADE, related_name="attribution_changes"
+    )
+    from_attribution = models.CharField(max_length=20)
+    to_attribution = models.CharField(max_length=20)
+    reason = models.TextField()
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    changed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.job}: {self.from_attribution} → {self.to_attribution}"
+
+
+class StripeMirror(models.Model):
+    """Which ledger entries are mirrored to the Stripe customer balance (the ledger itself is
+    never written to again)."""
+
+    entry = models.OneToOneField(LedgerEntry, on_delete=models.PROTECT, related_name="mirror")
+    stripe_transaction_id = models.CharField(max_length=100)
+    mirrored_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.entry_id} → {self.stripe_transaction_id}"

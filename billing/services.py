@@ -1,7 +1,312 @@
-from billing.models import BillingAccount
+"""Every change of money: ledger entries, job and storage charges, refunds and their review.
+
+Each entry carries an idempotency key named after what it pays for (`job_charge:<job>`), unique
+in the database: a task that runs twice, or twice at once, writes it once."""
+
+from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing.models import AttributionChange, BillingAccount, LedgerEntry, Refund
+from training import errors
+from training.models import JobEvent, TrainingJob
+from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
 
+MICROS = 1_000_000
+K = LedgerEntry.Kind
+R = Refund.Status
 
-def open_billing_account(*, workspace: Workspace) -> BillingAccount:
+
+def usd(micros: int) -> str:
+    """Micro-dollars as a dollar string with cents or more (`12.5` → `"12.50"`)."""
+    value = (Decimal(micros) / MICROS).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
+    text = f"{value:f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"{whole}.{cents.ljust(2, '0')}"
+
+
+def micros_from_usd(amount) -> int:
+    return int((Decimal(str(amount)) * MICROS).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def open_billing_account(*, workspace: Workspace, credit_micros: int = 0) -> BillingAccount:
+    """The workspace's account (made once), and a starting credit once, as an adjustment."""
     account, _ = BillingAccount.objects.get_or_create(workspace=workspace)
+    if credit_micros:
+        record_entry(
+            workspace=workspace,
+            kind=K.ADJUSTMENT,
+            amount_micros=credit_micros,
+            key=f"opening_credit:{workspace.public_id}",
+            description="starting credit",
+        )
     return account
+
+
+def record_entry(
+    *,
+    workspace: Workspace,
+    kind: str,
+    amount_micros: int,
+    key: str,
+    description: str = "",
+    job: TrainingJob | None = None,
+    volume=None,
+    refund: Refund | None = None,
+    created_by=None,
+) -> tuple[LedgerEntry, bool]:
+    """Write one ledger entry once: a second call with the same key (a rerun, a concurrent twin)
+    returns the first entry and False. The unique key decides, not a check before the insert."""
+    try:
+        with transaction.atomic():
+            entry = LedgerEntry.objects.create(
+                workspace=workspace,
+                kind=kind,
+                amount_micros=amount_micros,
+                idempotency_key=key,
+                description=description[:300],
+                job=job,
+                volume=volume,
+                volume_ref=volume.public_id if volume else "",
+                refund=refund,
+                created_by=created_by,
+            )
+        return entry, True
+    except IntegrityError:
+        return LedgerEntry.objects.get(idempotency_key=key), False
+
+
+def balance_micros(*, workspace: Workspace) -> int:
+    total = LedgerEntry.objects.filter(workspace=workspace).aggregate(total=Sum("amount_micros"))
+    return total["total"] or 0
+
+
+def recent_daily_spend_micros(*, workspace: Workspace, days: int = 7) -> int:
+    """What the workspace spent per day, on average, over the last `days` days."""
+    since = timezone.now() - timedelta(days=days)
+    spent = LedgerEntry.objects.filter(
+        workspace=workspace, created_at__gte=since, kind__in=[K.JOB_CHARGE, K.STORAGE_CHARGE]
+    ).aggregate(total=Sum("amount_micros"))["total"]
+    return -(spent or 0) // days
+
+
+def is_low_balance(*, workspace: Workspace, balance: int | None = None) -> bool:
+    """Below one day of the workspace's recent spend (or empty)."""
+    balance = balance_micros(workspace=workspace) if balance is None else balance
+    return balance <= 0 or balance < recent_daily_spend_micros(workspace=workspace)
+
+
+def require_funds(*, workspace: Workspace, first_hour_micros: int) -> None:
+    """Submit answers 402 unless the balance covers the job's first hour."""
+    if not BillingAccount.objects.filter(workspace=workspace).exists():
+        raise PaymentRequired(
+            "This workspace has no billing account; add one before submitting jobs."
+        )
+    balance = balance_micros(workspace=workspace)
+    if balance < first_hour_micros:
+        raise PaymentRequired(
+            f"The balance is {usd(balance)} USD and this job's first hour is estimated at "
+            f"{usd(first_hour_micros)} USD. Top up (veri billing top-up AMOUNT) and re-submit.",
+            code="insufficient_balance",
+            balance_usd=usd(balance),
+            estimate_usd=usd(first_hour_micros),
+        )
+
+
+# Jobs
+
+
+def charge_job(*, job: TrainingJob) -> LedgerEntry | None:
+    """The job's attributed cost, charged once; `billing_deducted_at` says it is done (also when
+    there was nothing to charge)."""
+    entry = None
+    if job.cost_micros:
+        entry, _ = record_entry(
+            workspace=job.workspace,
+            kind=K.JOB_CHARGE,
+            amount_micros=-job.cost_micros,
+            key=f"job_charge:{job.pk}",
+            job=job,
+            description=f"{job.public_id}: {job.gpu_count}x {job.gpu_type} on {job.provider}",
+        )
+    TrainingJob.objects.filter(pk=job.pk, billing_deducted_at__isnull=True).update(
+        billing_deducted_at=timezone.now()
+    )
+    return entry
+
+
+def refund_decision(*, job: TrainingJob) -> str | None:
+    """What the catalog says about money back for how this job ended, and nothing else does:
+    platform faults credited at once (or reviewed first, as the catalog marks them), unclear ones
+    reviewed, the customer's own charged."""
+    if not job.error_code or not job.cost_micros:
+        return None
+    entry = errors.get(job.error_code)
+    if entry.billing == errors.Billing.NONE or job.error_attribution == errors.Attribution.CUSTOMER:
+        return None
+    if (
+        job.error_attribution == errors.Attribution.PENDING
+        or entry.billing == errors.Billing.REVIEW
+    ):
+        return R.PENDING
+    return R.CREDITED
+
+
+def refund_if_due(*, job: TrainingJob) -> Refund | None:
+    decision = refund_decision(job=job)
+    if decision is None:
+        return None
+    refund, created = _open_refund(job)
+    if decision == R.CREDITED:
+        return credit_refund(refund_id=refund.pk)
+    if created:
+        JobEvent.objects.create(
+            job=job,
+            type="refund_pending",
+            detail={"amount_usd": usd(refund.amount_micros), "reason": job.error_code},
+        )
+    return refund
+
+
+def _open_refund(job: TrainingJob) -> tuple[Refund, bool]:
+    try:
+        with transaction.atomic():
+            refund = Refund.objects.create(
+                workspace=job.workspace,
+                job=job,
+                amount_micros=job.cost_micros,
+                reason_code=job.error_code,
+                status=R.PENDING,
+            )
+        return refund, True
+    except IntegrityError:
+        return Refund.objects.get(job=job), False
+
+
+def settle_job_money(*, job_id: int) -> None:
+    """At a job's terminal state, after its cost is attributed: charge it, then credit or queue
+    its refund. Safe to run twice, or twice at once."""
+    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
+    if job.cost_attributed_at is None:
+        return
+    charge_job(job=job)
+    refund_if_due(job=job)
+
+
+@transaction.atomic
+def credit_refund(*, refund_id: int, reviewer=None, reason: str = "") -> Refund:
+    """Pending (or approved) → credited, with one `refund_credit` entry and a `job_refunded`
+    event. A credited refund is returned as it is."""
+    refund = Refund.objects.select_for_update().select_related("job", "workspace").get(pk=refund_id)
+    if refund.status == R.CREDITED:
+        return refund
+    if refund.status == R.DENIED and reviewer is None:
+        return refund  # only an operator reverses a denial (by re-attributing)
+    now = timezone.now()
+    record_entry(
+        workspace=refund.workspace,
+        kind=K.REFUND_CREDIT,
+        amount_micros=refund.amount_micros,
+        key=f"refund_credit:{refund.job_id}",
+        job=refund.job,
+        refund=refund,
+        description=f"{refund.job.public_id}: {refund.reason_code}",
+        created_by=reviewer,
+    )
+    refund.status, refund.credited_at = R.CREDITED, now
+    refund.decided_at = refund.decided_at or now
+    refund.reviewer = reviewer or refund.reviewer
+    refund.decision_reason = reason or refund.decision_reason
+    refund.save()
+    JobEvent.objects.create(
+        job=refund.job,
+        type="job_refunded",
+        detail={"amount_usd": usd(refund.amount_micros), "reason": refund.reason_code},
+    )
+    return refund
+
+
+def approve_refund(*, refund_id: int, reviewer, reason: str = "") -> Refund:
+    """The operator's approval: the credit is written in the same transaction."""
+    refund = Refund.objects.get(pk=refund_id)
+    if refund.status == R.DENIED:
+        raise Conflict("This refund was denied; re-attribute the job to credit it.")
+    return credit_refund(refund_id=refund_id, reviewer=reviewer, reason=reason)
+
+
+@transaction.atomic
+def deny_refund(*, refund_id: int, reviewer, reason: str) -> Refund:
+    if not reason or not reason.strip():
+        raise VeriError("A denial needs a reason the customer can read.", field="reason")
+    refund = Refund.objects.select_for_update().get(pk=refund_id)
+    if refund.status == R.DENIED:
+        return refund
+    if refund.status != R.PENDING:
+        raise Conflict(f"This refund is already {refund.status}.", code="refund_decided")
+    refund.status, refund.decided_at = R.DENIED, timezone.now()
+    refund.reviewer, refund.decision_reason = reviewer, reason.strip()
+    refund.save()
+    JobEvent.objects.create(
+        job_id=refund.job_id, type="refund_denied", detail={"reason": refund.decision_reason}
+    )
+    return refund
+
+
+def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -> Refund | None:
+    """An operator decides whose fault a failure was; the change is recorded and re-drives the
+    refund: platform → credited, customer → a pending refund is denied, pending → reviewed.
+    A credited refund stands (money back is never taken back silently)."""
+    if attribution not in errors.Attribution.__members__.values():
+        raise VeriError(f"Unknown attribution {attribution!r}.", field="attribution")
+    if not reason or not reason.strip():
+        raise VeriError("A re-attribution needs a reason.", field="reason")
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().select_related("workspace").get(pk=job_id)
+        if not job.error_code:
+            raise Conflict(f"{job.public_id} did not fail; there is nothing to attribute.")
+        refund = Refund.objects.filter(job=job).first()
+        if refund and refund.status == R.CREDITED and attribution != errors.Attribution.PLATFORM:
+            raise Conflict(
+                f"{job.public_id} was already credited; correct it with an adjustment entry.",
+                code="refund_decided",
+            )
+        AttributionChange.objects.create(
+            job=job,
+            from_attribution=job.error_attribution,
+            to_attribution=attribution,
+            reason=reason.strip(),
+            changed_by=changed_by,
+        )
+        TrainingJob.objects.filter(pk=job.pk).update(error_attribution=attribution)
+        job.error_attribution = attribution
+        JobEvent.objects.create(
+            job=job,
+            type="attribution_changed",
+            detail={"attribution": attribution, "reason": reason.strip()},
+        )
+    if not job.cost_micros:
+        return refund
+    if attribution == errors.Attribution.PLATFORM:
+        refund = refund or _open_refund(job)[0]
+        return credit_refund(refund_id=refund.pk, reviewer=changed_by, reason=reason.strip())
+    if attribution == errors.Attribution.CUSTOMER:
+        if refund and refund.status == R.PENDING:
+            return deny_refund(refund_id=refund.pk, reviewer=changed_by, reason=reason.strip())
+        return refund
+    return refund or _open_refund(job)[0]
+
+
+def add_credit(*, workspace: Workspace, amount_micros: int, reason: str, key: str, created_by=None):
+    """An operator's (or `create_workspace --credit`'s) credit, as an `adjustment` entry."""
+    return record_entry(
+        workspace=workspace,
+        kind=K.ADJUSTMENT,
+        amount_micros=amount_micros,
+        key=key,
+        description=reason,
+        created_by=created_by,
+    )[0]

@@ -35,6 +35,7 @@ class GpuType:
     memory_gb: int
     price_per_gpu_hour: str  # USD
     max_count: int
+    tflops: float = 0.0  # dense bf16 peak, for quotes (cpu: what a laptop-class CPU reaches)
 
     @property
     def price_per_gpu_hour_micros(self) -> int:
@@ -48,6 +49,7 @@ class ProviderSpec:
     zones: dict[str, tuple[str, ...]]  # region -> zones, tried in order
     gpus: tuple[GpuType, ...]
     launch_timeout_seconds: int
+    boot_seconds: int = 300  # launch to a training worker, for quotes
     # How long a launched worker has to register before the job fails with provisioning_error
     # (None: the provisioning deadline, VERI_PROVISIONING_TIMEOUT_SECONDS, which covers a boot).
     register_timeout_seconds: int | None = None
@@ -66,10 +68,10 @@ CLOUD_PROVIDERS = (
             "eu-west-1": ("eu-west-1a", "eu-west-1b", "eu-west-1c"),
         },
         (
-            GpuType("L4-24GB", 24, "0.805", 8),
-            GpuType("A10G-24GB", 24, "1.212", 8),
-            GpuType("A100-80GB", 80, "5.120", 8),
-            GpuType("H100-80GB", 80, "6.880", 8),
+            GpuType("L4-24GB", 24, "0.805", 8, tflops=121),
+            GpuType("A10G-24GB", 24, "1.212", 8, tflops=70),
+            GpuType("A100-80GB", 80, "5.120", 8, tflops=312),
+            GpuType("H100-80GB", 80, "6.880", 8, tflops=989),
         ),
         launch_timeout_seconds=600,
     ),
@@ -78,9 +80,9 @@ CLOUD_PROVIDERS = (
         "Vast.ai",
         {"us-east-1": ("vast-us",), "us-west-2": ("vast-us",), "eu-west-1": ("vast-eu",)},
         (
-            GpuType("RTX4090-24GB", 24, "0.400", 8),
-            GpuType("A100-80GB", 80, "1.300", 8),
-            GpuType("H100-80GB", 80, "2.400", 8),
+            GpuType("RTX4090-24GB", 24, "0.400", 8, tflops=165),
+            GpuType("A100-80GB", 80, "1.300", 8, tflops=312),
+            GpuType("H100-80GB", 80, "2.400", 8, tflops=989),
         ),
         launch_timeout_seconds=900,
     ),
@@ -88,14 +90,17 @@ CLOUD_PROVIDERS = (
         "digitalocean",
         "DigitalOcean GPU Droplets",
         {"us-east-1": ("nyc2",), "eu-west-1": ("ams3",)},
-        (GpuType("H100-80GB", 80, "3.390", 8),),
+        (GpuType("H100-80GB", 80, "3.390", 8, tflops=989),),
         launch_timeout_seconds=900,
     ),
     ProviderSpec(
         "gcp",
         "Google Cloud (Flex-start)",
         {"us-east-1": ("us-east4-a", "us-east4-c"), "us-west-2": ("us-west1-a",)},
-        (GpuType("A100-80GB", 80, "3.930", 1), GpuType("H100-80GB", 80, "11.060", 1)),
+        (
+            GpuType("A100-80GB", 80, "3.930", 1, tflops=312),
+            GpuType("H100-80GB", 80, "11.060", 1, tflops=989),
+        ),
         launch_timeout_seconds=1080,
     ),
 )
@@ -125,9 +130,10 @@ def local_gpu_name() -> str | None:
 def local_provider() -> ProviderSpec:
     """Runs the worker on this machine, in any region: `cpu`, plus its GPU when it has one."""
     price = settings.VERI_LOCAL_PRICE_PER_HOUR
-    gpus = [GpuType("cpu", 0, price, 1)]
+    gpus = [GpuType("cpu", 0, price, 1, tflops=0.2)]
     if gpu := local_gpu_name():
-        gpus.append(GpuType(gpu, int(gpu.rsplit("-", 1)[1].removesuffix("GB")), price, 1))
+        memory = int(gpu.rsplit("-", 1)[1].removesuffix("GB"))
+        gpus.append(GpuType(gpu, memory, price, 1, tflops=100))
     zones = {region.code: ("local",) for region in REGIONS if not region.coming_soon}
     return ProviderSpec(
         "local",
@@ -135,6 +141,7 @@ def local_provider() -> ProviderSpec:
         zones,
         tuple(gpus),
         launch_timeout_seconds=120,
+        boot_seconds=20,
         register_timeout_seconds=settings.VERI_LOCAL_REGISTER_TIMEOUT_SECONDS,
     )
 

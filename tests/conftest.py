@@ -107,7 +107,7 @@ def cloud(settings):
 
 @pytest.fixture
 def billed(workspace):
-    open_billing_account(workspace=workspace)
+    open_billing_account(workspace=workspace, credit_micros=100_000_000)
     return workspace
 
 

@@ -1,24 +1,25 @@
 """`/v1/datasets`, `/v1/training_jobs` (API key) and `/v1/worker/jobs` (job token)."""
 
-from decimal import Decimal
-
 from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
     extend_schema,
+    extend_schema_field,
     inline_serializer,
 )
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from billing.services import usd
 from training import selectors
 from training.models import Checkpoint, Dataset, JobEvent, MetricPoint, TrainingJob
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
+from training.services import quotes as quote_services
 from veri.api import WorkspaceView, list_schema, paginate
 from veri.errors import NotFound, VeriError
 from volumes.api import PlainString
@@ -58,6 +59,11 @@ class ErrorOut(serializers.Serializer):
     attribution = serializers.CharField()
 
 
+class RefundOut(serializers.Serializer):
+    status = serializers.ChoiceField(["pending", "approved", "credited", "denied"])
+    amount_usd = serializers.CharField()
+
+
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id")
     dataset_id = serializers.CharField(source="dataset.public_id")
@@ -66,6 +72,7 @@ class JobOut(serializers.ModelSerializer):
     )
     error = serializers.SerializerMethodField()
     cost_usd = serializers.SerializerMethodField()
+    max_cost_usd = serializers.SerializerMethodField()
     refund = serializers.SerializerMethodField()
 
     class Meta:
@@ -89,6 +96,7 @@ class JobOut(serializers.ModelSerializer):
             "checkpoint_keep",
             "heartbeat_timeout_seconds",
             "max_launch_attempts",
+            "max_cost_usd",
             "created_at",
             "provisioning_at",
             "configuring_at",
@@ -103,6 +111,7 @@ class JobOut(serializers.ModelSerializer):
             "metrics_summary",
         ]
 
+    @extend_schema_field(ErrorOut(allow_null=True))
     def get_error(self, job: TrainingJob) -> dict | None:
         if not job.error_code:
             return None
@@ -112,11 +121,20 @@ class JobOut(serializers.ModelSerializer):
             "attribution": job.error_attribution,
         }
 
+    @extend_schema_field(serializers.CharField(allow_null=True))
     def get_cost_usd(self, job: TrainingJob) -> str | None:
-        return None if job.cost_micros is None else str(Decimal(job.cost_micros) / 1_000_000)
+        return None if job.cost_micros is None else usd(job.cost_micros)
 
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_max_cost_usd(self, job: TrainingJob) -> str | None:
+        return None if job.max_cost_micros is None else usd(job.max_cost_micros)
+
+    @extend_schema_field(RefundOut(allow_null=True))
     def get_refund(self, job: TrainingJob) -> dict | None:
-        return None  # refunds arrive with the billing ledger
+        refund = getattr(job, "refund", None)
+        if refund is None:
+            return None
+        return {"status": refund.status, "amount_usd": usd(refund.amount_micros)}
 
 
 class EventOut(serializers.ModelSerializer):
@@ -251,6 +269,9 @@ class SubmitIn(serializers.Serializer):
     checkpoint_keep = serializers.IntegerField(required=False, default=2)
     heartbeat_timeout_seconds = serializers.IntegerField(required=False, default=300)
     max_launch_attempts = serializers.IntegerField(required=False, default=3)
+    max_cost_usd = serializers.DecimalField(
+        max_digits=13, decimal_places=6, required=False, allow_null=True, default=None
+    )
 
 
 class TrainingJobsView(WorkspaceView):
@@ -284,6 +305,57 @@ class TrainingJobsView(WorkspaceView):
             workspace=self.workspace, submission=job_services.Submission(**data)
         )
         return Response(JobOut(job).data, status=201)
+
+
+QuoteRange = inline_serializer(
+    "QuoteRange",
+    {
+        "low": serializers.CharField(),
+        "expected": serializers.CharField(),
+        "high": serializers.CharField(),
+    },
+)
+QuoteOut = inline_serializer(
+    "Quote",
+    {
+        "provider": serializers.CharField(),
+        "region": serializers.CharField(),
+        "gpu_type": serializers.CharField(),
+        "gpu_count": serializers.IntegerField(),
+        "price_per_hour_usd": serializers.CharField(),
+        "gpu_seconds": inline_serializer(
+            "QuoteSeconds",
+            {
+                "low": serializers.IntegerField(),
+                "expected": serializers.IntegerField(),
+                "high": serializers.IntegerField(),
+            },
+        ),
+        "cost_usd": QuoteRange,
+        "max_cost_usd": serializers.CharField(allow_null=True),
+        "assumptions": serializers.DictField(),
+    },
+)
+
+
+class QuoteView(WorkspaceView):
+    @extend_schema(request=SubmitIn, responses={200: QuoteOut})
+    def post(self, request: Request) -> Response:
+        """What the job would cost, with the assumptions used; rents and writes nothing."""
+        data = self.validated(SubmitIn, request.data)
+        quote = quote_services.quote_job(
+            workspace=self.workspace, submission=job_services.Submission(**data)
+        )
+        price, cap = quote.pop("price_per_hour_micros"), quote.pop("max_cost_micros")
+        costs = quote.pop("cost_micros")
+        return Response(
+            quote
+            | {
+                "price_per_hour_usd": usd(price),
+                "cost_usd": {k: usd(v) for k, v in costs.items()},
+                "max_cost_usd": None if cap is None else usd(cap),
+            }
+        )
 
 
 class JobScopedView(WorkspaceView):

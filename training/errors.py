@@ -201,6 +201,22 @@ CATALOG: dict[str, JobError] = {
             "A dataset row does not have what the method needs",
             "Fix the line the message names; see the README for each method's fields.",
         ),
+        JobError(
+            "budget_exceeded",
+            C,
+            Billing.CHARGE,
+            "The job's cost reached its max_cost_usd; it saved a checkpoint (when it saves "
+            "checkpoints) and stopped. Charged up to the cap, never past it",
+            "Resume from the newest checkpoint with a higher max_cost_usd (veri jobs resume <id>).",
+        ),
+        JobError(
+            "balance_exhausted",
+            C,
+            Billing.CHARGE,
+            "The workspace's balance ran out; after a grace period the job saved a checkpoint "
+            "(when it saves checkpoints) and stopped",
+            "Top up (veri billing top-up AMOUNT), then resume from the newest checkpoint.",
+        ),
     )
 }
 

@@ -76,6 +76,12 @@ class TrainingJob(models.Model):
     checkpoint_keep = models.PositiveIntegerField(default=2)
     heartbeat_timeout_seconds = models.PositiveIntegerField(default=300)
     max_launch_attempts = models.PositiveSmallIntegerField(default=3)
+    max_cost_micros = models.PositiveBigIntegerField(null=True, blank=True)  # the budget cap
+    # A stop the control plane asked of the worker (budget reached, balance exhausted): the
+    # worker saves a checkpoint and ends with this code; past a grace period the watchdog ends it.
+    stop_code = models.CharField(max_length=40, blank=True)
+    stop_message = models.TextField(blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
 
     last_step = models.PositiveIntegerField(null=True, blank=True)
     # Steps recorded and each metric's first and last value, kept as points arrive (lists of jobs

@@ -20,7 +20,7 @@ def get_dataset(*, workspace: Workspace, dataset_id: str) -> Dataset:
 
 def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
     return TrainingJob.objects.filter(workspace=workspace).select_related(
-        "workspace", "dataset", "resume_from"
+        "workspace", "dataset", "resume_from", "refund"
     )
 
 

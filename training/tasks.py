@@ -13,6 +13,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from billing import services as billing
 from providers import catalog
 from providers.base import (
     CapacityError,
@@ -158,11 +159,13 @@ def provision_job(*, job_id: int) -> str:
 
 
 def settle_job(*, job_id: int) -> None:
-    """A job reached a terminal state: terminate, attribute cost, archive the log; then give a
-    freed local slot to the next queued job."""
+    """A job reached a terminal state: terminate, attribute cost, archive the log, charge it and
+    credit or queue its refund; then give a freed local slot to the next queued job. Each step
+    is idempotent, so a rerun (or a concurrent twin) changes nothing."""
     job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
     if job.is_terminal:
         jobs.settle_job(job=job)
+        billing.settle_job_money(job_id=job.pk)
         _enqueue_waiting()
 
 

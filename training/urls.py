@@ -6,6 +6,7 @@ urlpatterns = [
     path("datasets", api.DatasetsView.as_view()),
     path("datasets/<str:dataset_id>", api.DatasetView.as_view()),
     path("training_jobs", api.TrainingJobsView.as_view()),
+    path("training_jobs/quote", api.QuoteView.as_view()),
     path("training_jobs/<str:job_id>", api.TrainingJobView.as_view()),
     path("training_jobs/<str:job_id>/cancel", api.CancelView.as_view()),
     path("training_jobs/<str:job_id>/resume", api.ResumeView.as_view()),

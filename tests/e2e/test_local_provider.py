@@ -30,7 +30,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
     api_client, workspace, live_server, qcluster, settings, tmp_path, local_store_url
 ):
     settings.VERI_STORE = local_store_url
-    open_billing_account(workspace=workspace)
+    open_billing_account(workspace=workspace, credit_micros=100_000_000)
     dataset = upload_dataset(api_client, [{"prompt": "2 + 2 ="}])
     qcluster(
         VERI_PUBLIC_URL=live_server.url,

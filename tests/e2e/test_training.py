@@ -58,7 +58,7 @@ def tiny_model(tmp_path_factory) -> Path:
 def platform(api_client, workspace, live_server, qcluster, settings, tmp_path, local_store_url):
     """The embedded default, live: API server, qcluster, local provider, local store."""
     settings.VERI_STORE = local_store_url
-    open_billing_account(workspace=workspace)
+    open_billing_account(workspace=workspace, credit_micros=100_000_000)
     instances = tmp_path / "instances"
 
     def start(**env):

@@ -303,7 +303,7 @@ def test_another_workspaces_volume_and_dataset_cannot_be_used(api_client, datase
     )
     from billing.services import open_billing_account
 
-    open_billing_account(workspace=other)
+    open_billing_account(workspace=other, credit_micros=100_000_000)
     theirs = client_for(other).post("/v1/training_jobs", job_body(dataset), format="json")
     assert_error(theirs, 400, "invalid_dataset", field="dataset_id")
 

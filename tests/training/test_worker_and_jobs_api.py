@@ -280,7 +280,7 @@ def test_cancel_through_the_api_is_immediate(api_client, launched, cloud):
     response = api_client.post(f"/v1/training_jobs/{job.public_id}/cancel", format="json")
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
     assert cloud.terminated == ["i-0001"]
-    assert response.json()["cost_usd"] == "0"
+    assert response.json()["cost_usd"] == "0.00"
     again = api_client.post(f"/v1/training_jobs/{job.public_id}/cancel", format="json")
     assert again.status_code == 200
 

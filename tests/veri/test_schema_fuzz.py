@@ -71,7 +71,7 @@ class World:
         self.workspace, self.api_key = veri_services.create_workspace(name="fuzz")
         from billing.services import open_billing_account
 
-        open_billing_account(workspace=self.workspace)
+        open_billing_account(workspace=self.workspace, credit_micros=100_000_000)
         self.ensure()
 
     def ensure(self) -> None:

@@ -2,11 +2,13 @@
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from billing import services as billing
 from billing.models import BillingAccount
 from providers import catalog
 from providers.models import Instance
@@ -100,6 +102,14 @@ def terminate_instance(*, job: TrainingJob) -> None:
     )
 
 
+def accrued_micros(instance: Instance, *, at) -> int:
+    """Per second from the launch to `at` (the termination, or now), at the instance's price."""
+    if not instance.launched_at:
+        return 0
+    seconds = max((at - instance.launched_at).total_seconds(), 0)
+    return int(instance.price_per_hour_micros * seconds / 3600)
+
+
 def settle_job(*, job: TrainingJob) -> None:
     """For a finished job: terminate its instance, attribute its cost, archive its full log.
     Safe to repeat; each step checks whether it is already done."""
@@ -109,10 +119,9 @@ def settle_job(*, job: TrainingJob) -> None:
         billed = not job.cost_waived and not (
             job.error_code and errors.get(job.error_code).billing == errors.Billing.NONE
         )
-        cost = 0
-        if billed and instance and instance.launched_at:
-            seconds = (instance.terminated_at - instance.launched_at).total_seconds()
-            cost = int(instance.price_per_hour_micros * max(seconds, 0) / 3600)
+        cost = accrued_micros(instance, at=instance.terminated_at) if billed and instance else 0
+        if job.max_cost_micros is not None:
+            cost = min(cost, job.max_cost_micros)  # a budget is never overrun
         TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
             cost_micros=cost, cost_attributed_at=timezone.now()
         )
@@ -138,6 +147,7 @@ class Submission:
     checkpoint_keep: int = 2
     heartbeat_timeout_seconds: int = 300
     max_launch_attempts: int = 3
+    max_cost_usd: object = None  # a number of dollars, or a decimal string
 
 
 def _check_method(method: str) -> None:
@@ -330,8 +340,47 @@ def _resolve_checkpoint(workspace: Workspace, checkpoint_id: str | None, method:
     return checkpoint
 
 
-def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
-    """Validate everything a worker would trip on later, write the queued job, queue its launch."""
+@dataclass(frozen=True)
+class Plan:
+    """A submission that passed every check: what the job would be, before any money moves."""
+
+    sub: Submission
+    hyperparameters: dict
+    lora: dict
+    dataset: Dataset
+    volumes: list[Volume]
+    provider: str
+    region: str
+    gpu: catalog.GpuType
+    checkpoint: Checkpoint | None
+    max_cost_micros: int | None
+
+    @property
+    def price_per_hour_micros(self) -> int:
+        return self.gpu.price_per_gpu_hour_micros * self.sub.gpu_count
+
+
+MAX_COST_USD = Decimal(1_000_000)
+
+
+def _max_cost_micros(value) -> int | None:
+    if value is None:
+        return None
+    try:
+        amount = Decimal(str(value))
+    except ArithmeticError:
+        amount = Decimal(-1)
+    if isinstance(value, bool) or not amount.is_finite() or not 0 < amount <= MAX_COST_USD:
+        raise VeriError(
+            f"max_cost_usd must be a number of dollars above 0 and at most {MAX_COST_USD}.",
+            field="max_cost_usd",
+        )
+    return int(amount * 1_000_000)
+
+
+def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
+    """Validate everything a worker would trip on later (and the job's placement and price),
+    renting and writing nothing: what submit and quote share."""
     sub = submission
     if not BillingAccount.objects.filter(workspace=workspace).exists():
         raise PaymentRequired(
@@ -345,7 +394,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
     lora = specs.validate_lora(sub.lora, gpu_type=sub.gpu_type)
     dataset = _resolve_dataset(workspace, sub.dataset_id, sub.method)
     volumes = _resolve_volumes(workspace, sub.volumes, dataset, sub.base_model)
-    provider, region, _ = _resolve_placement(sub, volumes)
+    provider, region, gpu = _resolve_placement(sub, volumes)
     _check_model_reachable(sub.base_model, provider)
     checkpoint = _resolve_checkpoint(workspace, sub.resume_from, sub.method)
     limits = [
@@ -357,31 +406,51 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
     for name, value, low, high in limits:
         if value is not None and not low <= value <= high:
             raise VeriError(f"{name} must be from {low} to {high}.", field=name)
+    return Plan(
+        sub=sub,
+        hyperparameters=hyperparameters,
+        lora=lora,
+        dataset=dataset,
+        volumes=volumes,
+        provider=provider,
+        region=region,
+        gpu=gpu,
+        checkpoint=checkpoint,
+        max_cost_micros=_max_cost_micros(sub.max_cost_usd),
+    )
+
+
+def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
+    """Plan the job, check the balance covers its first hour, write it queued, queue its launch."""
+    plan = plan_job(workspace=workspace, submission=submission)
+    sub = plan.sub
+    billing.require_funds(workspace=workspace, first_hour_micros=plan.price_per_hour_micros)
     with transaction.atomic():
         job = TrainingJob.objects.create(
             workspace=workspace,
             method=sub.method,
             base_model=sub.base_model,
-            dataset=dataset,
+            dataset=plan.dataset,
             reward_source=sub.reward_source if sub.method == "grpo" else "",
             output_name=sub.output_name,
-            hyperparameters=hyperparameters,
-            lora=lora,
-            volumes=[{"id": v.public_id, "name": v.name} for v in volumes],
-            resume_from=checkpoint,
-            provider=provider,
-            region=region,
+            hyperparameters=plan.hyperparameters,
+            lora=plan.lora,
+            volumes=[{"id": v.public_id, "name": v.name} for v in plan.volumes],
+            resume_from=plan.checkpoint,
+            provider=plan.provider,
+            region=plan.region,
             gpu_type=sub.gpu_type,
             gpu_count=sub.gpu_count,
             checkpoint_every=sub.checkpoint_every,
             checkpoint_keep=sub.checkpoint_keep,
             heartbeat_timeout_seconds=sub.heartbeat_timeout_seconds,
             max_launch_attempts=sub.max_launch_attempts,
+            max_cost_micros=plan.max_cost_micros,
         )
         JobEvent.objects.create(
             job=job,
             type=S.QUEUED,
-            detail={"provider": provider, "region": region, "gpu_type": sub.gpu_type},
+            detail={"provider": plan.provider, "region": plan.region, "gpu_type": sub.gpu_type},
         )
         transaction.on_commit(lambda: async_task("training.tasks.provision_job", job_id=job.pk))
     return job
@@ -396,6 +465,7 @@ def cancel_job(*, job: TrainingJob) -> TrainingJob:
         raise Conflict(f"Job {job.public_id} already {job.status}.", code="job_finished")
     job = transition_job(job_id=job.pk, to=S.CANCELLED, detail={"by": "customer"})
     settle_job(job=job)
+    billing.settle_job_money(job_id=job.pk)
     job.refresh_from_db()
     return job
 
@@ -438,5 +508,6 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
         checkpoint_keep=job.checkpoint_keep,
         heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,
         max_launch_attempts=job.max_launch_attempts,
+        max_cost_usd=None if job.max_cost_micros is None else Decimal(job.max_cost_micros) / 10**6,
     )
     return submit_job(workspace=job.workspace, submission=sub)

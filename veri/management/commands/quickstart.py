@@ -18,6 +18,7 @@ REPO = Path(settings.BASE_DIR)
 SAMPLE_DATA = REPO / "examples" / "sample-data"
 REWARD = REPO / "examples" / "rewards" / "letter_a.py"
 DEMO_WORKSPACE, DEMO_VOLUME = "demo", "demo-data"
+DEMO_CREDIT_MICROS = 10_000_000  # a starting credit of 10 USD, given once
 MODEL_DIR = Path(settings.STATE_DIR) / "models" / "tiny-qwen2"
 
 
@@ -44,7 +45,7 @@ class Command(BaseCommand):
             workspace, api_key = services.create_workspace(name=DEMO_WORKSPACE)
         else:
             _, api_key = services.create_api_key(workspace=workspace, name="quickstart")
-        open_billing_account(workspace=workspace)
+        open_billing_account(workspace=workspace, credit_micros=DEMO_CREDIT_MICROS)
         self.step(f"Workspace {workspace.name} ({workspace.public_id})")
         if not (MODEL_DIR / "model.safetensors").exists():
             self.step(f"Making a tiny model in {MODEL_DIR} (no network)")

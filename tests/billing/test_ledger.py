@@ -1,0 +1,251 @@
+"""The ledger and the money a job moves: charges, refunds by the catalog, reviews, funds at submit,
+quotes and budget caps."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection, transaction
+from django.db.utils import DatabaseError
+from django.utils import timezone
+
+from billing import services
+from billing.models import AppendOnly, LedgerEntry, Refund
+from providers.models import Instance
+from tests.conftest import assert_error, fill_volume, in_threads, postgres_only
+from tests.training.conftest import drive, job_body
+from training import errors, tasks
+from training.models import JobEvent, TrainingJob
+from training.services import jobs
+
+pytestmark = pytest.mark.django_db
+L4_HOUR = 805_000  # the fake aws provider's L4, per hour, in micro-dollars
+
+# What each way a job can fail does to money: the charge, and the refund's status (None: no
+# refund). One row per catalog code, so a new code cannot land without its billing effect.
+EXPECTED = {
+    "oom": (True, None),
+    "CAPACITY_UNAVAILABLE": (False, None),
+    "QUOTA_EXCEEDED": (False, None),
+    "PROVIDER_OUT_OF_FUNDS": (False, None),
+    "launch_timeout": (False, None),
+    "provisioning_error": (True, "credited"),
+    "provisioning_timeout": (True, "credited"),
+    "configuring_timeout": (True, "credited"),
+    "heartbeat_timeout": (True, None),
+    "worker_failed": (True, "pending"),
+    "training_error": (True, None),
+    "distributed_error": (True, "pending"),
+    "training_stalled": (True, None),
+    "hardware_error": (True, "credited"),
+    "upload_failed": (True, "pending"),
+    "provider_reclaimed": (True, "credited"),
+    "max_run_duration_reached": (True, None),
+    "config_error": (True, None),
+    "dependency_error": (True, None),
+    "volume_sync_incomplete": (True, "credited"),
+    "volume_too_large_for_node": (True, None),
+    "invalid_dataset": (True, None),
+    "budget_exceeded": (True, None),
+    "balance_exhausted": (True, None),
+}
+
+
+def failed_after_an_hour(submit, code: str) -> TrainingJob:
+    """A job whose L4 ran one hour, then failed with `code`, settled by the real task."""
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=1))
+    jobs.fail_job(job_id=job.pk, code=code)
+    tasks.settle_job(job_id=job.pk)
+    return TrainingJob.objects.select_related("workspace").get(pk=job.pk)
+
+
+def kinds(job: TrainingJob) -> list[tuple[str, int]]:
+    return list(
+        LedgerEntry.objects.filter(job=job).order_by("pk").values_list("kind", "amount_micros")
+    )
+
+
+def test_the_table_covers_every_code_in_the_catalog():
+    assert set(EXPECTED) == set(errors.CATALOG)
+
+
+@pytest.mark.parametrize("code", sorted(EXPECTED))
+def test_each_failure_moves_exactly_the_money_the_catalog_says(submit, api_client, code):
+    charged, refund_status = EXPECTED[code]
+    job = failed_after_an_hour(submit, code)
+    entries = kinds(job)
+    cost = job.cost_micros
+    if not charged:
+        assert cost == 0 and entries == []
+    else:
+        assert L4_HOUR <= cost < L4_HOUR + 1000
+        expected = [("job_charge", -cost)]
+        if refund_status == "credited":
+            expected.append(("refund_credit", cost))
+        assert entries == expected
+    assert job.billing_deducted_at is not None and job.cost_attributed_at is not None
+    refund = api_client.get(f"/v1/training_jobs/{job.public_id}").json()["refund"]
+    if refund_status is None:
+        assert refund is None
+    else:
+        assert refund == {"status": refund_status, "amount_usd": services.usd(cost)}
+    types = set(JobEvent.objects.filter(job=job).values_list("type", flat=True))
+    assert ("job_refunded" in types) == (refund_status == "credited")
+
+
+def test_a_completed_job_is_charged_once_and_the_balance_is_the_sum(submit, billed):
+    before = services.balance_micros(workspace=billed)
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=2))
+    drive(job, "configuring", "running", "completed")
+    for _ in range(3):
+        tasks.settle_job(job_id=job.pk)
+    job.refresh_from_db()
+    assert kinds(job) == [("job_charge", -job.cost_micros)]
+    assert services.balance_micros(workspace=billed) == before - job.cost_micros
+    total = sum(
+        LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
+    )
+    assert services.balance_micros(workspace=billed) == total
+
+
+def test_cancel_before_running_is_free_and_while_running_charged_to_the_cancel(submit, api_client):
+    early = submit()
+    tasks.provision_job(job_id=early.pk)
+    Instance.objects.filter(job=early).update(launched_at=timezone.now() - timedelta(hours=1))
+    answer = api_client.post(f"/v1/training_jobs/{early.public_id}/cancel").json()
+    assert (answer["cost_usd"], answer["refund"]) == ("0.00", None)
+    assert answer["billing_deducted_at"] is not None and kinds(early) == []
+
+    late = submit()
+    tasks.provision_job(job_id=late.pk)
+    Instance.objects.filter(job=late).update(launched_at=timezone.now() - timedelta(minutes=30))
+    drive(late, "configuring", "running")
+    answer = api_client.post(f"/v1/training_jobs/{late.public_id}/cancel").json()
+    late.refresh_from_db()
+    assert L4_HOUR // 2 <= late.cost_micros < L4_HOUR // 2 + 1000
+    assert kinds(late) == [("job_charge", -late.cost_micros)]
+    assert answer["cost_usd"] == services.usd(late.cost_micros)
+
+
+def test_the_ledger_is_append_only(submit, billed):
+    entry = LedgerEntry.objects.filter(workspace=billed).first()
+    entry.amount_micros = 1
+    with pytest.raises(AppendOnly):
+        entry.save()
+    with pytest.raises(AppendOnly):
+        entry.delete()
+    with pytest.raises(AppendOnly):
+        LedgerEntry.objects.filter(pk=entry.pk).update(amount_micros=1)
+    with pytest.raises(AppendOnly):
+        LedgerEntry.objects.filter(pk=entry.pk).delete()
+
+
+@postgres_only
+def test_the_database_refuses_to_change_a_ledger_row(billed):
+    entry = LedgerEntry.objects.filter(workspace=billed).first()
+    for sql in (
+        "UPDATE billing_ledgerentry SET amount_micros = 1 WHERE id = %s",
+        "DELETE FROM billing_ledgerentry WHERE id = %s",
+    ):
+        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [entry.pk])
+
+
+def test_review_approve_deny_and_reattribute(submit, billed):
+    operator = User.objects.create_user("op", is_staff=True)
+    approved = failed_after_an_hour(submit, "worker_failed")
+    denied = failed_after_an_hour(submit, "upload_failed")
+    before = services.balance_micros(workspace=billed)
+    services.approve_refund(refund_id=approved.refund.pk, reviewer=operator)
+    services.approve_refund(refund_id=approved.refund.pk, reviewer=operator)  # twice: one credit
+    with pytest.raises(Exception, match="reason"):
+        services.deny_refund(refund_id=denied.refund.pk, reviewer=operator, reason=" ")
+    services.deny_refund(refund_id=denied.refund.pk, reviewer=operator, reason="customer files")
+    assert services.balance_micros(workspace=billed) == before + approved.cost_micros
+    assert Refund.objects.get(job=approved).status == "credited"
+    assert Refund.objects.get(job=denied).status == "denied"
+    # The operator finds it was the platform after all: re-attribution credits it, once.
+    services.reattribute_job(
+        job_id=denied.pk, attribution="platform", reason="store outage", changed_by=operator
+    )
+    services.reattribute_job(
+        job_id=denied.pk, attribution="platform", reason="again", changed_by=operator
+    )
+    assert Refund.objects.get(job=denied).status == "credited"
+    assert services.balance_micros(workspace=billed) == (
+        before + approved.cost_micros + denied.cost_micros
+    )
+    # A customer-attributed failure re-attributed to the platform gets its money back too.
+    oom = failed_after_an_hour(submit, "oom")
+    services.reattribute_job(
+        job_id=oom.pk, attribution="platform", reason="bad host", changed_by=operator
+    )
+    assert Refund.objects.get(job=oom).status == "credited"
+    oom.refresh_from_db()
+    assert oom.error_attribution == "platform"
+    assert oom.attribution_changes.get().reason == "bad host"
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_settling_and_approving_twice_at_once_moves_money_once(submit, billed):
+    operator = User.objects.create_user("op", is_staff=True)
+    credited = failed_after_an_hour(submit, "provisioning_error")
+    reviewed = failed_after_an_hour(submit, "worker_failed")
+    in_threads(6, lambda i: tasks.settle_job(job_id=(credited, reviewed)[i % 2].pk))
+    in_threads(
+        6,
+        lambda i: services.approve_refund(refund_id=reviewed.refund.pk, reviewer=operator),
+    )
+    for job in (credited, reviewed):
+        assert kinds(job) == [("job_charge", -job.cost_micros), ("refund_credit", job.cost_micros)]
+    total = sum(
+        LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
+    )
+    assert services.balance_micros(workspace=billed) == total
+
+
+def test_submit_needs_a_balance_that_covers_the_first_hour(api_client, dataset, cloud, workspace):
+    spent = services.balance_micros(workspace=workspace)
+    services.record_entry(
+        workspace=workspace,
+        kind=LedgerEntry.Kind.ADJUSTMENT,
+        amount_micros=-spent + 500_000,  # 0.50 USD left; an L4 hour is 0.805
+        key="test:drain",
+    )
+    error = assert_error(
+        api_client.post("/v1/training_jobs", job_body(dataset), format="json"),
+        402,
+        "insufficient_balance",
+    )
+    assert "0.50" in error["message"] and "0.805" in error["message"]
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_quote_rents_nothing_and_states_its_assumptions(api_client, dataset, cloud, billed):
+    fill_volume(
+        billed,
+        "models",
+        {
+            "qwen/config.json": b'{"hidden_size": 896, "num_hidden_layers": 24, '
+            b'"intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2, '
+            b'"vocab_size": 151936, "tie_word_embeddings": true}'
+        },
+    )
+    body = job_body(dataset, base_model="volume://models/qwen", max_cost_usd="5")
+    quote = api_client.post("/v1/training_jobs/quote", body, format="json").json()
+    assert quote["price_per_hour_usd"] == "0.805"
+    assumptions = quote["assumptions"]
+    assert 480e6 < assumptions["parameters"] < 500e6  # Qwen2.5-0.5B: ~494M
+    assert "config.json" in assumptions["parameters_source"]
+    assert assumptions["steps"] == 5 and assumptions["dataset_rows"] == 8
+    low, expected, high = (float(quote["cost_usd"][k]) for k in ("low", "expected", "high"))
+    assert 0 < low < expected < high <= 5
+    assert not TrainingJob.objects.exists() and not Instance.objects.exists()
+    bad = api_client.post("/v1/training_jobs/quote", job_body(dataset, method="x"), format="json")
+    assert_error(bad, 400, "invalid_method", "method")
