@@ -151,9 +151,12 @@ def test_the_database_refuses_to_change_a_ledger_row(billed):
         "UPDATE billing_ledgerentry SET amount_micros = 1 WHERE id = %s",
         "DELETE FROM billing_ledgerentry WHERE id = %s",
     ):
-        with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(sql, [entry.pk])
+        with (
+            pytest.raises(DatabaseError, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(sql, [entry.pk])
 
 
 def test_review_approve_deny_and_reattribute(submit, billed):
