@@ -1,11 +1,271 @@
-from django.contrib import admin
+"""The operators' side of money: the refund review queue, credits, and the read-only ledger.
+Decisions go through actions, which call services; money rows are never edited in place."""
 
-from billing.models import BillingAccount
+import uuid
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Case, IntegerField, Value, When
+from django.template.response import TemplateResponse
+from django.utils.html import format_html, format_html_join
+
+from billing import services
+from billing.models import AttributionChange, BillingAccount, LedgerEntry, Refund
+from training import errors
+from training.models import JobEvent, LogChunk
+from veri.errors import VeriError
+
+REVIEW_PERMISSION = "billing.review_refund"
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), strip=True)
+
+
+class ReattributeForm(ReasonForm):
+    attribution = forms.ChoiceField(choices=[(a.value, a.value) for a in errors.Attribution])
+
+
+class CreditForm(ReasonForm):
+    amount_usd = forms.DecimalField(min_value=0.01, max_value=100_000, decimal_places=2)
+    token = forms.CharField(widget=forms.HiddenInput)  # one credit per form, however often sent
+
+
+def _ask(modeladmin, request, queryset, *, form, title: str, action: str, button: str):
+    """The page an action shows for what it needs (a reason, an amount) before it acts."""
+    return TemplateResponse(
+        request,
+        "admin/billing/action_form.html",
+        {
+            **modeladmin.admin_site.each_context(request),
+            "title": title,
+            "objects": queryset,
+            "form": form,
+            "action": action,
+            "button": button,
+            "opts": modeladmin.model._meta,
+        },
+    )
+
+
+@admin.register(Refund)
+class RefundAdmin(admin.ModelAdmin):
+    """The review queue: pending refunds first, oldest first, each with the evidence."""
+
+    list_display = [
+        "job",
+        "workspace",
+        "amount_usd",
+        "reason_code",
+        "attribution",
+        "status",
+        "created_at",
+    ]
+    list_filter = ["status", "reason_code"]
+    search_fields = ["job__public_id", "workspace__name", "workspace__public_id"]
+    list_select_related = ["job", "workspace"]
+    actions = ["approve", "deny", "reattribute"]
+    fields = [
+        "job",
+        "workspace",
+        "status",
+        "amount_usd",
+        "reason_code",
+        "attribution",
+        "error_message",
+        "job_cost_usd",
+        "decision_reason",
+        "reviewer",
+        "created_at",
+        "decided_at",
+        "credited_at",
+        "recent_events",
+        "log_tail",
+    ]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        pending_first = Case(
+            When(status=Refund.Status.PENDING, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return super().get_queryset(request).order_by(pending_first, "created_at")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # decisions go through the actions, which reach the ledger
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_review_permission(self, request) -> bool:
+        return request.user.has_perm(REVIEW_PERMISSION)
+
+    @admin.display(description="amount")
+    def amount_usd(self, refund: Refund) -> str:
+        return f"{services.usd(refund.amount_micros)} USD"
+
+    @admin.display(description="attribution")
+    def attribution(self, refund: Refund) -> str:
+        return refund.job.error_attribution
+
+    @admin.display(description="error")
+    def error_message(self, refund: Refund) -> str:
+        return f"{refund.job.error_code}: {refund.job.error_message}"
+
+    @admin.display(description="job cost")
+    def job_cost_usd(self, refund: Refund) -> str:
+        return f"{services.usd(refund.job.cost_micros or 0)} USD"
+
+    @admin.display(description="last events")
+    def recent_events(self, refund: Refund):
+        events = JobEvent.objects.filter(job=refund.job).order_by("-pk")[:10]
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join("", "<li>{} {} {}</li>", ((e.at, e.type, e.detail) for e in events)),
+        )
+
+    @admin.display(description="log tail (last 40 lines)")
+    def log_tail(self, refund: Refund):
+        lines = LogChunk.objects.filter(job=refund.job).order_by("-seq")[:40]
+        return format_html("<pre>{}</pre>", "\n".join(reversed([line.text for line in lines])))
+
+    @admin.action(
+        description="Approve selected pending refunds (credit them)", permissions=["review"]
+    )
+    def approve(self, request, queryset):
+        pending = list(queryset.filter(status=Refund.Status.PENDING))
+        for refund in pending:
+            services.approve_refund(refund_id=refund.pk, reviewer=request.user)
+        self.message_user(request, f"Approved and credited {len(pending)} refund(s).")
+
+    @admin.action(
+        description="Deny selected pending refunds (asks for a reason)", permissions=["review"]
+    )
+    def deny(self, request, queryset):
+        pending = queryset.filter(status=Refund.Status.PENDING)
+        form = ReasonForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return _ask(
+                self,
+                request,
+                pending,
+                form=form,
+                title="Deny refunds",
+                action="deny",
+                button="Deny",
+            )
+        for refund in pending:
+            services.deny_refund(
+                refund_id=refund.pk, reviewer=request.user, reason=form.cleaned_data["reason"]
+            )
+        self.message_user(request, f"Denied {pending.count()} refund(s).")
+
+    @admin.action(description="Re-attribute the selected refunds' jobs", permissions=["review"])
+    def reattribute(self, request, queryset):
+        form = ReattributeForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return _ask(
+                self,
+                request,
+                queryset,
+                form=form,
+                title="Re-attribute jobs",
+                action="reattribute",
+                button="Re-attribute",
+            )
+        done = 0
+        for refund in queryset:
+            try:
+                services.reattribute_job(
+                    job_id=refund.job_id,
+                    attribution=form.cleaned_data["attribution"],
+                    reason=form.cleaned_data["reason"],
+                    changed_by=request.user,
+                )
+                done += 1
+            except VeriError as exc:
+                self.message_user(request, f"{refund.job}: {exc.message}", messages.ERROR)
+        self.message_user(request, f"Re-attributed {done} job(s).")
 
 
 @admin.register(BillingAccount)
 class BillingAccountAdmin(admin.ModelAdmin):
-    list_display = ["workspace", "created_at"]
+    list_display = ["workspace", "balance_usd", "stripe_customer_id", "created_at"]
     search_fields = ["workspace__name", "workspace__public_id"]
     list_select_related = ["workspace"]
     autocomplete_fields = ["workspace"]
+    actions = ["add_credit"]
+
+    def has_credit_permission(self, request) -> bool:
+        return request.user.has_perm("billing.add_credit")
+
+    @admin.display(description="balance")
+    def balance_usd(self, account: BillingAccount) -> str:
+        return f"{services.usd(services.balance_micros(workspace=account.workspace))} USD"
+
+    @admin.action(description="Add credit (an adjustment entry)", permissions=["credit"])
+    def add_credit(self, request, queryset):
+        data = request.POST if "apply" in request.POST else None
+        form = CreditForm(data, initial={"token": uuid.uuid4().hex})
+        if not form.is_valid():
+            return _ask(
+                self,
+                request,
+                queryset,
+                form=form,
+                title="Add credit",
+                action="add_credit",
+                button="Add credit",
+            )
+        amount = services.micros_from_usd(form.cleaned_data["amount_usd"])
+        for account in queryset.select_related("workspace"):
+            services.add_credit(
+                workspace=account.workspace,
+                amount_micros=amount,
+                reason=form.cleaned_data["reason"],
+                key=f"admin_credit:{form.cleaned_data['token']}:{account.workspace.public_id}",
+                created_by=request.user,
+            )
+        self.message_user(request, f"Credited {queryset.count()} account(s).")
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "workspace", "kind", "amount", "job", "volume_ref", "created_by"]
+    list_filter = ["kind"]
+    search_fields = ["workspace__name", "workspace__public_id", "idempotency_key"]
+    list_select_related = ["workspace", "job", "created_by"]
+    readonly_fields = [f.name for f in LedgerEntry._meta.fields]
+
+    @admin.display(description="amount (USD)")
+    def amount(self, entry: LedgerEntry) -> str:
+        return services.usd(entry.amount_micros)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(AttributionChange)
+class AttributionChangeAdmin(admin.ModelAdmin):
+    list_display = ["changed_at", "job", "from_attribution", "to_attribution", "changed_by"]
+    list_select_related = ["job", "changed_by"]
+    readonly_fields = [f.name for f in AttributionChange._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

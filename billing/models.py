@@ -16,6 +16,9 @@ class BillingAccount(models.Model):
     stripe_customer_id = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        permissions = [("add_credit", "Can add credit to a workspace (an adjustment entry)")]
+
     def __str__(self) -> str:
         return f"billing account of {self.workspace}"
 

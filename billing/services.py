@@ -3,18 +3,21 @@
 Each entry carries an idempotency key named after what it pays for (`job_charge:<job>`), unique
 in the database: a task that runs twice, or twice at once, writes it once."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from billing.models import AttributionChange, BillingAccount, LedgerEntry, Refund
+from billing import stripe_gateway
+from billing.models import AttributionChange, BillingAccount, LedgerEntry, Refund, StripeMirror
 from training import errors
 from training.models import JobEvent, TrainingJob
 from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
+from volumes.models import UsageSnapshot, Volume
 
 MICROS = 1_000_000
 K = LedgerEntry.Kind
@@ -310,3 +313,105 @@ def add_credit(*, workspace: Workspace, amount_micros: int, reason: str, key: st
         description=reason,
         created_by=created_by,
     )[0]
+
+
+# Top-ups and Stripe
+
+
+MIN_TOP_UP_CENTS, MAX_TOP_UP_CENTS = 500, 1_000_000  # 5 to 10,000 USD
+
+
+def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
+    """A Stripe Checkout URL for a top-up; the money arrives with the paid-checkout webhook."""
+    if not stripe_gateway.payments_enabled():
+        raise Conflict(
+            "Payments are disabled on this deployment (no Stripe key); an operator adds credit.",
+            code="payments_disabled",
+        )
+    cents = micros_from_usd(amount_usd) // 10_000
+    if not MIN_TOP_UP_CENTS <= cents <= MAX_TOP_UP_CENTS:
+        raise VeriError(
+            f"amount_usd must be from {usd(MIN_TOP_UP_CENTS * 10_000)} to "
+            f"{usd(MAX_TOP_UP_CENTS * 10_000)}.",
+            field="amount_usd",
+        )
+    account = BillingAccount.objects.select_related("workspace").get(workspace=workspace)
+    return stripe_gateway.checkout_url(
+        account=account,
+        amount_cents=cents,
+        success_url=f"{return_url}?top_up=paid",
+        cancel_url=f"{return_url}?top_up=cancelled",
+    )
+
+
+def record_top_up(*, paid: stripe_gateway.PaidCheckout) -> LedgerEntry | None:
+    """One `top_up` entry per Stripe event: a replayed webhook writes nothing new."""
+    workspace = Workspace.objects.filter(public_id=paid.workspace_id).first()
+    if workspace is None or paid.amount_cents <= 0:
+        return None
+    entry, _ = record_entry(
+        workspace=workspace,
+        kind=K.TOP_UP,
+        amount_micros=paid.amount_cents * 10_000,
+        key=f"stripe:{paid.event_id}",
+        description=f"card top-up ({paid.event_id})",
+    )
+    return entry
+
+
+def mirror_to_stripe(*, limit: int = 100) -> int:
+    """Mirror ledger entries not yet on the Stripe customer balance. Each entry is claimed with
+    SKIP LOCKED and sent with its own Stripe idempotency key, so concurrent runs send it once."""
+    if not stripe_gateway.payments_enabled():
+        return 0
+    mirrored = 0
+    with transaction.atomic():
+        entries = list(
+            LedgerEntry.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("workspace__billing_account")
+            .filter(mirror__isnull=True)
+            .order_by("pk")[:limit]
+        )
+        for entry in entries:
+            account = getattr(entry.workspace, "billing_account", None)
+            if account is None:
+                continue
+            txn = stripe_gateway.mirror_entry(account=account, entry=entry)
+            StripeMirror.objects.get_or_create(entry=entry, defaults={"stripe_transaction_id": txn})
+            mirrored += 1
+    return mirrored
+
+
+# Storage
+
+GIB = 1024**3
+HOURS_PER_MONTH = 730
+
+
+def charge_storage(*, day) -> int:
+    """Charge each volume's storage on `day` (UTC) from its hourly usage snapshots, per GiB-month
+    at `VERI_STORAGE_PRICE_PER_GIB_MONTH`: once per (volume, day), whenever this runs. A deleted
+    volume has no snapshots after its deletion, so it stops accruing there."""
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    end = start + timedelta(days=1)
+    price = micros_from_usd(settings.VERI_STORAGE_PRICE_PER_GIB_MONTH)
+    usage = (
+        UsageSnapshot.objects.filter(hour__gte=start, hour__lt=end)
+        .values("workspace_id", "volume_ref")
+        .annotate(byte_hours=Sum("total_bytes"))
+    )
+    charged = 0
+    for row in usage:
+        micros = int(row["byte_hours"] * price / GIB / HOURS_PER_MONTH)
+        if micros <= 0:
+            continue
+        _, created = record_entry(
+            workspace=Workspace.objects.get(pk=row["workspace_id"]),
+            kind=K.STORAGE_CHARGE,
+            amount_micros=-micros,
+            key=f"storage_charge:{row['volume_ref']}:{day.isoformat()}",
+            volume=Volume.objects.filter(public_id=row["volume_ref"]).first(),
+            description=f"storage of {row['volume_ref']} on {day.isoformat()}",
+        )
+        charged += created
+    return charged

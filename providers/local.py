@@ -12,6 +12,7 @@ import httpx
 from django.conf import settings
 
 from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, ProviderAdapter
+from veri.health import deployment_id
 
 HOST_SCRIPT = Path(__file__).with_name("local_host.py")
 
@@ -51,6 +52,10 @@ def _check_control_plane(api_url: str) -> None:
     if not isinstance(body, dict) or "database" not in body:
         raise ControlPlaneUnreachable(
             hint.format(problem=f"answered HTTP {answer.status_code} but is not a Veri API")
+        )
+    if body.get("deployment") != deployment_id():
+        raise ControlPlaneUnreachable(
+            hint.format(problem="is another Veri deployment (its SECRET_KEY differs from ours)")
         )
 
 

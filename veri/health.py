@@ -1,5 +1,9 @@
 """`/healthz`: whether this process can reach what it needs. 200 when all is well, else 503."""
 
+import hashlib
+import hmac
+
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django_q.brokers import get_broker
@@ -24,13 +28,21 @@ def _store() -> None:
 CHECKS = {"database": _database, "broker": _broker, "store": _store}
 
 
+def deployment_id() -> str:
+    """Tells this deployment from another Veri on the same address (a stale clone on :8000):
+    derived from SECRET_KEY, revealing nothing of it."""
+    return hmac.new(settings.SECRET_KEY.encode(), b"veri-deployment", hashlib.sha256).hexdigest()[
+        :16
+    ]
+
+
 def healthz(request: HttpRequest) -> JsonResponse:
-    answer = {}
+    answer = {"deployment": deployment_id()}
     for name, check in CHECKS.items():
         try:
             check()
             answer[name] = "ok"
         except Exception as exc:  # noqa: BLE001 - any failure is the answer, not a 500
             answer[name] = f"error: {type(exc).__name__}: {exc}"[:300]
-    healthy = all(state == "ok" for state in answer.values())
+    healthy = all(answer[name] == "ok" for name in CHECKS)
     return JsonResponse(answer, status=200 if healthy else 503)

@@ -4,6 +4,7 @@ from functools import partial
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
+from django.db.models.functions import Lower
 
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -21,8 +22,12 @@ def public_id_field(prefix: str) -> models.CharField:
 
 class Workspace(models.Model):
     public_id = public_id_field("ws")
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # `acme` and `ACME` would be two workspaces nobody could tell apart.
+        constraints = [models.UniqueConstraint(Lower("name"), name="workspace_name_unique")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.public_id})"

@@ -14,6 +14,7 @@ v1 = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("", include("volumes.urls")),
     path("", include("training.urls")),
+    path("", include("billing.urls")),
     path("regions", RegionsView.as_view()),
     path("gpus", GpusView.as_view()),
     re_path(r"^.*$", errors.not_found),  # unknown /v1 routes answer in the API's error format

@@ -80,9 +80,13 @@ class Upload(models.Model):
 
 
 class UsageSnapshot(models.Model):
-    """What storage billing reads: one row per volume per hour."""
+    """What storage billing reads: one row per volume per hour. Kept when the volume is deleted
+    (billing charges the day it was deleted from them), with the volume's id in `volume_ref`."""
 
-    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="usage_snapshots")
+    volume = models.ForeignKey(
+        Volume, on_delete=models.SET_NULL, null=True, related_name="usage_snapshots"
+    )
+    volume_ref = models.CharField(max_length=40)
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
     hour = models.DateTimeField()
     file_count = models.PositiveBigIntegerField()
@@ -91,11 +95,11 @@ class UsageSnapshot(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["volume", "hour"], name="one_snapshot_per_hour")
+            models.UniqueConstraint(fields=["volume_ref", "hour"], name="one_snapshot_per_hour")
         ]
 
     def __str__(self) -> str:
-        return f"{self.volume_id} at {self.hour:%Y-%m-%d %H:00}"
+        return f"{self.volume_ref} at {self.hour:%Y-%m-%d %H:00}"
 
 
 class StoreDeletion(models.Model):

@@ -83,12 +83,15 @@ def take_usage_snapshots(*, now: datetime | None = None) -> int:
     """One snapshot per volume per hour (what storage billing reads); reruns add none."""
     hour = (now or timezone.now()).replace(minute=0, second=0, microsecond=0)
     taken = 0
-    volumes = Volume.objects.values_list("pk", "workspace_id", "file_count", "total_bytes")
-    for volume_id, workspace_id, file_count, total_bytes in volumes.iterator():
+    volumes = Volume.objects.values_list(
+        "pk", "public_id", "workspace_id", "file_count", "total_bytes"
+    )
+    for volume_id, public_id, workspace_id, file_count, total_bytes in volumes.iterator():
         _, created = UsageSnapshot.objects.get_or_create(
-            volume_id=volume_id,
+            volume_ref=public_id,
             hour=hour,
             defaults={
+                "volume_id": volume_id,
                 "workspace_id": workspace_id,
                 "file_count": file_count,
                 "total_bytes": total_bytes,

@@ -6,6 +6,8 @@ import sys
 import pytest
 from django.db import connection
 
+from providers.local import LocalProvider
+from providers.models import Instance
 from tests.conftest import REPO
 
 
@@ -44,6 +46,10 @@ def qcluster(transactional_db, settings):
         return process
 
     yield start
+    # Local instances outlive a failed test's cluster (own sessions): stop any left running.
+    for instance in Instance.objects.filter(provider="local", terminated_at__isnull=True):
+        if instance.external_id:
+            LocalProvider().terminate(instance.external_id)
     for process in processes:
         process.terminate()  # the cluster stops its workers itself; signalling them too stalls it
         try:

@@ -1,8 +1,11 @@
 """The embedded default's first-run traps: a server on another port than VERI_PUBLIC_URL, and a
 model hub id on workers that cannot reach a hub."""
 
+import json
 import os
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
@@ -51,6 +54,33 @@ def test_a_launch_the_worker_could_not_call_back_fails_at_once(local_job, settin
     assert settings.VERI_PUBLIC_URL in job.error_message
     assert "VERI_PUBLIC_URL" in job.error_message
     assert not Instance.objects.filter(job=job).exists()  # nothing was started
+
+
+def test_a_launch_is_refused_when_another_veri_answers_the_public_url(local_job, settings):
+    """A stale clone still serving :8000 answers /healthz too; its workers would be refused."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OtherVeri)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.VERI_PUBLIC_URL = f"http://127.0.0.1:{server.server_port}"
+    try:
+        job = TrainingJob.objects.get(public_id=local_job().json()["id"])
+        assert tasks.provision_job(job_id=job.pk) == "provisioning_error"
+    finally:
+        server.shutdown()
+    job.refresh_from_db()
+    assert "another Veri deployment" in job.error_message
+
+
+class OtherVeri(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"deployment": "0123456789abcdef", "database": "ok"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
 
 
 def test_a_worker_that_never_registers_fails_after_the_register_deadline(local_job, settings):

@@ -250,7 +250,7 @@ def test_checkpoints_keep_the_newest_and_list_signed_urls(api_client, submit):
 
 
 def test_resume_starts_a_new_job_from_the_newest_checkpoint(api_client, submit):
-    job = submit(checkpoint_every=5)
+    job = submit(checkpoint_every=5, hyperparameters={"max_steps": 20})
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
     worker = worker_client(job)
@@ -273,6 +273,18 @@ def test_resume_starts_a_new_job_from_the_newest_checkpoint(api_client, submit):
     spec = worker_client(new_job).get(w(new_job, "spec")).json()
     assert spec["resume_from"]["step"] == 10 and len(spec["resume_from"]["files"]) == 2
     assert Checkpoint.objects.get(public_id=newest["id"]).resumed_by.get() == new_job
+
+
+def test_a_job_that_trained_all_its_steps_has_nothing_to_resume(api_client, submit):
+    job = submit(checkpoint_every=5, hyperparameters={"max_steps": 10})
+    tasks.provision_job(job_id=job.pk)
+    job.refresh_from_db()
+    worker = worker_client(job)
+    worker.post(w(job, "register"), {}, format="json")
+    upload_checkpoint(worker, job, 10)
+    worker.post(w(job, "complete"), {"ok": False, "error_code": "upload_failed"}, format="json")
+    answer = api_client.post(f"/v1/training_jobs/{job.public_id}/resume", {}, format="json")
+    assert_error(answer, 400, "nothing_to_resume", "checkpoint_id")
 
 
 def test_cancel_through_the_api_is_immediate(api_client, launched, cloud):

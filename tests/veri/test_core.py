@@ -112,7 +112,11 @@ def test_create_workspace_prints_a_working_key_on_its_last_line():
         "manage.py", "create_workspace", "Acme Labs", env={"DATABASE_URL": _database_url()}
     )
     assert again.returncode != 0 and "already exists" in again.stderr
-    assert Workspace.objects.filter(name="Acme Labs").count() == 1
+    shouted = run_python(
+        "manage.py", "create_workspace", "ACME LABS", env={"DATABASE_URL": _database_url()}
+    )
+    assert shouted.returncode != 0 and "already exists" in shouted.stderr
+    assert Workspace.objects.filter(name__iexact="Acme Labs").count() == 1
 
 
 def _database_url() -> str:

@@ -136,6 +136,7 @@ def test_usage_pages_by_hour(api_client, workspace):
     for hours in range(3):
         UsageSnapshot.objects.create(
             volume=volume,
+            volume_ref=volume.public_id,
             workspace=workspace,
             hour=now - timedelta(hours=hours),
             file_count=1,

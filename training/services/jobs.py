@@ -490,6 +490,15 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
                 field="checkpoint_id",
                 code="no_checkpoint",
             )
+    max_steps = job.hyperparameters.get("max_steps")
+    if max_steps is not None and checkpoint.step >= max_steps:
+        raise VeriError(
+            f"Checkpoint {checkpoint.public_id} is at step {checkpoint.step}, the job's max_steps: "
+            "there is nothing left to train. Submit a new job with resume_from and a higher "
+            "max_steps to train further.",
+            field="checkpoint_id",
+            code="nothing_to_resume",
+        )
     sub = Submission(
         base_model=job.base_model,
         dataset_id=job.dataset.public_id,

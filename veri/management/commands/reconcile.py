@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from billing import tasks as billing_tasks
 from training import tasks as training_tasks
 from volumes import tasks as volume_tasks
 
@@ -14,6 +15,8 @@ class Command(BaseCommand):
             ("take_usage_snapshots", volume_tasks.take_usage_snapshots),
             ("check_jobs", training_tasks.check_jobs),
             ("archive_running_logs", training_tasks.archive_running_logs),
+            ("charge_storage", billing_tasks.charge_storage),
+            ("mirror_to_stripe", billing_tasks.mirror_to_stripe),
         ]
         for name, task in runs:
             self.stdout.write(f"{name}: {task()}")

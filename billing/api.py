@@ -1,0 +1,104 @@
+"""`/v1/billing`: the balance, the ledger, card top-ups, and Stripe's webhook."""
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import permissions, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from billing import selectors, services, stripe_gateway
+from billing.models import LedgerEntry
+from veri.api import ValidatingView, WorkspaceView, list_schema, paginate
+from veri.errors import VeriError
+
+
+class LedgerEntryOut(serializers.ModelSerializer):
+    amount_usd = serializers.SerializerMethodField()
+    job_id = serializers.CharField(source="job.public_id", default=None, allow_null=True)
+    volume_id = serializers.CharField(source="volume_ref", allow_blank=True)
+
+    class Meta:
+        model = LedgerEntry
+        fields = ["kind", "amount_usd", "job_id", "volume_id", "description", "created_at"]
+
+    def get_amount_usd(self, entry: LedgerEntry) -> str:
+        return services.usd(entry.amount_micros)
+
+
+BillingOut = inline_serializer(
+    "Billing",
+    {
+        "balance_usd": serializers.CharField(),
+        "low_balance": serializers.BooleanField(),
+        "payments_enabled": serializers.BooleanField(),
+        "currency": serializers.CharField(),
+    },
+)
+
+
+class BillingView(WorkspaceView):
+    @extend_schema(responses=BillingOut)
+    def get(self, request: Request) -> Response:
+        balance = services.balance_micros(workspace=self.workspace)
+        return Response(
+            {
+                "balance_usd": services.usd(balance),
+                "low_balance": services.is_low_balance(workspace=self.workspace, balance=balance),
+                "payments_enabled": stripe_gateway.payments_enabled(),
+                "currency": "usd",
+            }
+        )
+
+
+class LedgerView(WorkspaceView):
+    @list_schema(LedgerEntryOut, name="LedgerPage", operation_id="billing_ledger_list")
+    def get(self, request: Request) -> Response:
+        """Newest first."""
+        return paginate(request, selectors.list_ledger(workspace=self.workspace), LedgerEntryOut)
+
+
+class TopUpsView(WorkspaceView):
+    class TopUpIn(serializers.Serializer):
+        amount_usd = serializers.DecimalField(max_digits=12, decimal_places=2)
+
+    @extend_schema(
+        request=TopUpIn,
+        responses={
+            201: inline_serializer(
+                "TopUp",
+                {"checkout_url": serializers.URLField(), "amount_usd": serializers.CharField()},
+            )
+        },
+    )
+    def post(self, request: Request) -> Response:
+        amount = self.validated(self.TopUpIn, request.data)["amount_usd"]
+        url = services.top_up_url(
+            workspace=self.workspace, amount_usd=amount, return_url=request.build_absolute_uri("/")
+        )
+        return Response({"checkout_url": url, "amount_usd": f"{amount:.2f}"}, status=201)
+
+
+class StripeWebhookView(ValidatingView):
+    """Stripe's signed events (no API key: the signature is the credential). A bad signature is
+    400 and writes nothing; a replay writes nothing new; other event types are ignored."""
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+    parser_classes: list = []  # the signature covers the raw bytes
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses=inline_serializer("WebhookAck", {"received": serializers.BooleanField()}),
+    )
+    def post(self, request: Request) -> Response:
+        try:
+            paid = stripe_gateway.paid_checkout(
+                payload=request.body, signature=request.headers.get("Stripe-Signature")
+            )
+        except stripe_gateway.BadSignature as exc:
+            raise VeriError(
+                f"The webhook signature does not verify ({exc}).", code="invalid_signature"
+            ) from None
+        if paid is not None:
+            services.record_top_up(paid=paid)
+        return Response({"received": True})

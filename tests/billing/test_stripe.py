@@ -1,0 +1,238 @@
+"""Payments at the edge: Stripe top-ups by signed webhook, and the ledger mirrored to the Stripe
+customer balance. Stripe itself is faked at the HTTP level, at the address the official `stripe`
+package calls, so the gateway runs unpatched."""
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from datetime import UTC, date, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+import pytest
+
+from billing import services, tasks
+from billing.models import LedgerEntry, StripeMirror
+from tests.conftest import assert_error, fill_volume
+from veri.models import Workspace
+from volumes.models import UsageSnapshot
+
+pytestmark = pytest.mark.django_db
+SECRET = "whsec_test_secret"
+
+
+class FakeStripe(BaseHTTPRequestHandler):
+    """The few Stripe endpoints the gateway uses. Like Stripe, a repeated Idempotency-Key gets
+    the first answer back."""
+
+    requests: list[dict] = []
+    answers: dict[str, tuple[int, dict]] = {}
+
+    def do_POST(self):
+        body = parse_qs(self.rfile.read(int(self.headers["Content-Length"] or 0)).decode())
+        key = self.headers.get("Idempotency-Key")
+        FakeStripe.requests.append({"path": self.path, "body": body, "key": key})
+        if key and key in FakeStripe.answers:
+            status, answer = FakeStripe.answers[key]
+        else:
+            status, answer = self.answer(body)
+            if key:
+                FakeStripe.answers[key] = (status, answer)
+        payload = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def answer(self, body: dict) -> tuple[int, dict]:
+        number = len(FakeStripe.requests)
+        if self.path == "/v1/customers":
+            return 200, {"id": f"cus_{number}", "object": "customer"}
+        if self.path == "/v1/checkout/sessions":
+            url = f"https://checkout.stripe.test/pay/cs_{number}"
+            return 200, {"id": f"cs_{number}", "object": "checkout.session", "url": url}
+        if self.path.endswith("/balance_transactions"):
+            amount = int(body["amount"][0])
+            return 200, {
+                "id": f"cbtxn_{number}",
+                "object": "customer_balance_transaction",
+                "amount": amount,
+            }
+        return 404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}}
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stripe_api(settings):
+    FakeStripe.requests, FakeStripe.answers = [], {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStripe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.STRIPE_SECRET_KEY = "sk_test_veri"
+    settings.STRIPE_WEBHOOK_SECRET = SECRET
+    settings.STRIPE_API_BASE = f"http://127.0.0.1:{server.server_port}"
+    yield FakeStripe
+    server.shutdown()
+
+
+def signed(payload: bytes, secret: str = SECRET, at: int | None = None) -> str:
+    at = at or int(time.time())
+    digest = hmac.new(secret.encode(), f"{at}.".encode() + payload, hashlib.sha256).hexdigest()
+    return f"t={at},v1={digest}"
+
+
+def checkout_completed(event_id: str, workspace_id: str, cents: int) -> bytes:
+    return json.dumps(
+        {
+            "id": event_id,
+            "object": "event",
+            "type": "checkout.session.completed",
+            "data": {
+                "object": {
+                    "id": "cs_1",
+                    "object": "checkout.session",
+                    "payment_status": "paid",
+                    "amount_total": cents,
+                    "client_reference_id": workspace_id,
+                    "metadata": {"workspace": workspace_id},
+                }
+            },
+        }
+    ).encode()
+
+
+def webhook(client, payload: bytes, signature: str | None):
+    headers = {"HTTP_STRIPE_SIGNATURE": signature} if signature else {}
+    return client.generic(
+        "POST", "/v1/billing/stripe/webhook", payload, content_type="application/json", **headers
+    )
+
+
+def test_a_top_up_is_a_checkout_url_from_stripe(api_client, billed, stripe_api):
+    answer = api_client.post("/v1/billing/top_ups", {"amount_usd": "25"}, format="json")
+    assert answer.status_code == 201, answer.json()
+    assert answer.json()["checkout_url"].startswith("https://checkout.stripe.test/pay/")
+    customers, sessions = stripe_api.requests
+    assert customers["path"] == "/v1/customers"
+    assert customers["key"] == f"veri-customer-{billed.public_id}"
+    assert sessions["body"]["line_items[0][price_data][unit_amount]"] == ["2500"]
+    assert sessions["body"]["metadata[workspace]"] == [billed.public_id]
+    assert billed.billing_account.__class__.objects.get(workspace=billed).stripe_customer_id
+    assert_error(
+        api_client.post("/v1/billing/top_ups", {"amount_usd": "1"}, format="json"),
+        400,
+        "invalid_request",
+        "amount_usd",
+    )
+
+
+def test_top_ups_are_409_with_payments_off(api_client, billed, settings):
+    settings.STRIPE_SECRET_KEY = ""
+    answer = api_client.post("/v1/billing/top_ups", {"amount_usd": "25"}, format="json")
+    assert_error(answer, 409, "payments_disabled")
+    assert api_client.get("/v1/billing").json()["payments_enabled"] is False
+
+
+def test_the_paid_checkout_webhook_tops_up_once(client, api_client, billed, stripe_api):
+    before = services.balance_micros(workspace=billed)
+    payload = checkout_completed("evt_1", billed.public_id, 2500)
+    for _ in range(2):  # Stripe retries deliveries: a replay writes nothing new
+        answer = webhook(client, payload, signed(payload))
+        assert answer.status_code == 200 and answer.json() == {"received": True}
+    assert services.balance_micros(workspace=billed) == before + 25_000_000
+    assert LedgerEntry.objects.filter(kind="top_up").count() == 1
+    billing = api_client.get("/v1/billing").json()
+    assert billing["balance_usd"] == services.usd(before + 25_000_000)
+    ledger = api_client.get("/v1/billing/ledger").json()["data"]
+    assert ledger[0]["kind"] == "top_up" and ledger[0]["amount_usd"] == "25.00"
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [None, "t=1,v1=deadbeef", "garbage", signed(b"{}"), signed(b"x", secret="whsec_other")],
+    ids=["missing", "wrong", "garbage", "other-body", "other-secret"],
+)
+def test_a_webhook_without_our_signature_is_400_and_writes_nothing(
+    client, billed, stripe_api, signature
+):
+    entries = LedgerEntry.objects.count()
+    payload = checkout_completed("evt_2", billed.public_id, 2500)
+    assert_error(webhook(client, payload, signature), 400, "invalid_signature")
+    assert LedgerEntry.objects.count() == entries
+
+
+def test_an_old_signature_is_refused(client, billed, stripe_api):
+    payload = checkout_completed("evt_3", billed.public_id, 2500)
+    stale = signed(payload, at=int(time.time()) - 3600)
+    assert_error(webhook(client, payload, stale), 400, "invalid_signature")
+
+
+def test_unknown_event_types_are_acknowledged_and_ignored(client, billed, stripe_api):
+    entries = LedgerEntry.objects.count()
+    payload = json.dumps(
+        {"id": "evt_4", "object": "event", "type": "invoice.paid", "data": {"object": {}}}
+    ).encode()
+    answer = webhook(client, payload, signed(payload))
+    assert answer.status_code == 200 and LedgerEntry.objects.count() == entries
+
+
+def test_the_ledger_is_mirrored_to_the_stripe_balance_once(billed, stripe_api):
+    services.add_credit(
+        workspace=billed, amount_micros=12_340_000, reason="support credit", key="test:credit"
+    )
+    entries = LedgerEntry.objects.filter(workspace=billed).count()
+    assert tasks.mirror_to_stripe() == entries
+    assert tasks.mirror_to_stripe() == 0  # all mirrored: nothing is sent again
+    transactions = [r for r in stripe_api.requests if r["path"].endswith("balance_transactions")]
+    assert len(transactions) == entries
+    credit = next(r for r in transactions if r["body"]["amount"] == ["-1234"])
+    assert credit["key"].startswith("veri-ledger-")
+    assert StripeMirror.objects.count() == entries
+
+
+def test_storage_is_charged_daily_per_volume_once(api_client, billed):
+    volume = fill_volume(billed, "corpus", {"a.bin": b"x"})
+    day = date(2026, 11, 30)
+    start = datetime(2026, 11, 30, tzinfo=UTC)
+    for hour in range(24):
+        UsageSnapshot.objects.create(
+            volume=volume,
+            volume_ref=volume.public_id,
+            workspace=billed,
+            hour=start + timedelta(hours=hour),
+            file_count=1,
+            total_bytes=100 * 1024**3,  # 100 GiB all day
+        )
+    assert services.charge_storage(day=day) == 1
+    assert services.charge_storage(day=day) == 0
+    [entry] = LedgerEntry.objects.filter(kind="storage_charge")
+    # 100 GiB for 24 of a month's 730 hours at 0.07 USD per GiB-month
+    assert entry.amount_micros == -int(100 * 24 * 70_000 / 730)
+    assert entry.volume_ref == volume.public_id
+    ledger = api_client.get("/v1/billing/ledger").json()["data"]
+    assert ledger[0]["kind"] == "storage_charge" and ledger[0]["volume_id"] == volume.public_id
+
+
+def test_low_balance_is_below_a_day_of_recent_spend(api_client, billed):
+    assert api_client.get("/v1/billing").json()["low_balance"] is False
+    balance = services.balance_micros(workspace=billed)
+    services.record_entry(
+        workspace=billed,
+        kind=LedgerEntry.Kind.JOB_CHARGE,
+        amount_micros=-(balance - 1_000_000),  # a week's spend in a day, 1 USD left
+        key="test:spend",
+    )
+    assert api_client.get("/v1/billing").json()["low_balance"] is True
+
+
+def test_create_workspace_credit_is_an_adjustment(db):
+    from django.core.management import call_command
+
+    call_command("create_workspace", "credited", "--credit", "12.5")
+    workspace = Workspace.objects.get(name="credited")
+    [entry] = LedgerEntry.objects.filter(workspace=workspace)
+    assert (entry.kind, entry.amount_micros) == ("adjustment", 12_500_000)
