@@ -14,6 +14,9 @@ class BillingAccount(models.Model):
         Workspace, on_delete=models.CASCADE, related_name="billing_account"
     )
     stripe_customer_id = models.CharField(max_length=100, blank=True)
+    # Since when the balance (less running jobs' accrued cost) has been at or below zero; past a
+    # grace period the running jobs are stopped with balance_exhausted.
+    exhausted_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

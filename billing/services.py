@@ -97,6 +97,30 @@ def recent_daily_spend_micros(*, workspace: Workspace, days: int = 7) -> int:
     return -(spent or 0) // days
 
 
+def workspaces_out_of_money(*, accrued_micros: dict[int, int], now) -> set[int]:
+    """Of the workspaces with running jobs (id → what those jobs accrued, not yet charged), the
+    ones whose balance less that has been at or below zero for `VERI_BALANCE_GRACE_SECONDS`.
+    When each ran out is kept on its account, and cleared once it has money again."""
+    balances = dict(
+        LedgerEntry.objects.filter(workspace_id__in=list(accrued_micros))
+        .values("workspace_id")
+        .annotate(total=Sum("amount_micros"))
+        .values_list("workspace_id", "total")
+    )
+    out = [ws for ws, owed in accrued_micros.items() if balances.get(ws, 0) - owed <= 0]
+    accounts = BillingAccount.objects.filter(workspace_id__in=list(accrued_micros))
+    accounts.filter(workspace_id__in=out, exhausted_since__isnull=True).update(exhausted_since=now)
+    accounts.exclude(workspace_id__in=out).filter(exhausted_since__isnull=False).update(
+        exhausted_since=None
+    )
+    cutoff = now - timedelta(seconds=settings.VERI_BALANCE_GRACE_SECONDS)
+    return set(
+        accounts.filter(workspace_id__in=out, exhausted_since__lt=cutoff).values_list(
+            "workspace_id", flat=True
+        )
+    )
+
+
 def is_low_balance(*, workspace: Workspace, balance: int | None = None) -> bool:
     """Below one day of the workspace's recent spend (or empty)."""
     balance = balance_micros(workspace=workspace) if balance is None else balance

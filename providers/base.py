@@ -66,13 +66,6 @@ class ProviderAdapter:
         raise NotImplementedError
 
     def model_problem(self, base_model: str) -> str | None:
-        """Why this provider's workers could not load `base_model` (a hub id or a folder), or
-        None. Rented machines reach the model hub; a folder exists only on the machine that
-        submitted it."""
-        if base_model.startswith("/"):
-            return (
-                f"base_model {base_model!r} is a folder on this machine, which a {self.name} GPU "
-                "does not have. Upload the model into a volume (veri volumes upload-dir) and use "
-                "base_model='volume://<volume>/<folder>'."
-            )
+        """Why this provider's workers could not load the hub model `base_model`, or None.
+        Rented machines reach the model hub."""
         return None

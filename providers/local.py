@@ -81,12 +81,8 @@ class LocalProvider(ProviderAdapter):
         return True
 
     def model_problem(self, base_model: str) -> str | None:
-        """The worker runs here: a folder must exist here, and a hub id must already be in this
-        machine's model cache when workers are offline (HF_HUB_OFFLINE, the embedded default)."""
-        if base_model.startswith("/"):
-            if Path(base_model).is_dir():
-                return None
-            return f"base_model {base_model!r} is not a folder on this machine."
+        """A hub id must already be in this machine's model cache when workers are offline
+        (HF_HUB_OFFLINE, the embedded default)."""
         if not settings.VERI_LOCAL_HUB_OFFLINE or _in_hub_cache(base_model):
             return None
         return (
@@ -126,7 +122,7 @@ class LocalProvider(ProviderAdapter):
         host = subprocess.Popen(
             [sys.executable, str(HOST_SCRIPT), str(folder / "worker.log"), "--", *command],
             env=env,
-            cwd=settings.BASE_DIR,
+            cwd=folder,  # its own folder: relative paths in customer code reach nothing else
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

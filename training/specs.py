@@ -257,6 +257,16 @@ def scan_jsonl(lines) -> tuple[int, dict]:
     return count, first_bad
 
 
+# Model hub ids (`owner/name` or `name`): never a path, so a worker cannot be pointed at a folder.
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+HUB_SPLIT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%+\[\]-]{0,99}")  # `train`, `train[:10%]`
+HUB_REVISION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # a branch, tag or commit
+
+
+def is_hub_id(value: object) -> bool:
+    return isinstance(value, str) and bool(HUB_ID_RE.fullmatch(value))
+
+
 REWARD_DECORATORS = {"reward_function", "reward"}
 
 

@@ -27,7 +27,7 @@ from providers.base import (
 from providers.models import Instance, LaunchAttempt, ProviderLock
 from providers.services import get_adapter, usable_providers
 from training.models import JobEvent, JobStatus, TrainingJob, WatchdogState
-from training.services import jobs, logs
+from training.services import jobs, logs, stops
 from training.services.worker import mint_job_token
 
 log = logging.getLogger(__name__)
@@ -210,15 +210,20 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
     for provider, ids in instances_by_provider.items():
         states |= get_adapter(provider).states(ids)
     failed: dict[str, int] = defaultdict(int)
+    still_active = []
     for job in active:
         verdict = _verdict(job, states, now)
-        if verdict:
-            code, message = verdict
-            try:
-                jobs.fail_job(job_id=job.pk, code=code, message=message)
-            except jobs.InvalidTransition:
-                continue  # it moved on meanwhile
-            failed[code] += 1
+        if not verdict:
+            still_active.append(job)
+            continue
+        code, message = verdict
+        try:
+            jobs.fail_job(job_id=job.pk, code=code, message=message)
+        except jobs.InvalidTransition:
+            continue  # it moved on meanwhile
+        failed[code] += 1
+    for code, count in stops.enforce(active=still_active, now=now).items():
+        failed[code] += count
     return dict(failed)
 
 

@@ -105,6 +105,18 @@ class AckAdded(Ack):
     added = serializers.IntegerField()
 
 
+class StopOut(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class HeartbeatAck(Ack):
+    stop = StopOut(
+        allow_null=True,
+        help_text="set when the control plane asks the worker to save a checkpoint and end",
+    )
+
+
 def _ok(job: TrainingJob, **extra) -> Response:
     return Response({"status": job.status, **extra})
 
@@ -151,11 +163,12 @@ class WorkerHeartbeatView(WorkerView):
             required=False, allow_null=True, min_value=0, max_value=MAX_STEP, default=None
         )
 
-    @extend_schema(request=WorkerHeartbeatIn, responses={200: Ack})
+    @extend_schema(request=WorkerHeartbeatIn, responses={200: HeartbeatAck})
     def post(self, request: Request, job_id: str) -> Response:
         step = self.validated(self.WorkerHeartbeatIn, request.data)["step"]
         worker_services.heartbeat(job=self.job, step=step)
-        return _ok(self.job)
+        stop = {"code": self.job.stop_code, "message": self.job.stop_message}
+        return _ok(self.job, stop=stop if self.job.stop_code else None)
 
 
 class LogLineIn(serializers.Serializer):

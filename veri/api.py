@@ -2,8 +2,9 @@
 
 import base64
 import binascii
+import hashlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import DateTimeField, IntegerField, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -112,7 +113,15 @@ class WorkspaceView(ValidatingView):
         return response
 
     def request_fingerprint(self) -> str:
-        body = self.request.data if isinstance(self.request.data, dict) else {}
+        """The request's path and body; an uploaded file counts by its content, not its name."""
+        data = self.request.data
+        body = dict(data.items()) if hasattr(data, "items") else {}
+        for name, upload in self.request.FILES.items():
+            digest = hashlib.sha256()
+            for chunk in upload.chunks():
+                digest.update(chunk)
+            upload.seek(0)
+            body[name] = f"{upload.name}:{digest.hexdigest()}"
         return idempotency.fingerprint(self.request.path, body)
 
 
@@ -138,12 +147,17 @@ def _decode_cursor(cursor: str, field) -> object:
         if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**63:
             raise invalid
         return value
-    if not isinstance(value, str) or "\x00" in value:
+    if not isinstance(value, str) or "\x00" in value or not value.isprintable():
         raise invalid
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no database takes it
+        raise invalid from None
     if isinstance(field, DateTimeField):
         try:
-            return datetime.fromisoformat(value)
-        except ValueError:
+            moment = datetime.fromisoformat(value)
+            return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+        except (ValueError, OverflowError):
             raise invalid from None
     return value
 

@@ -1,6 +1,8 @@
 """How `/v1/schema` describes our two credentials, and the error answers every operation shares."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.renderers import JSONRenderer
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
@@ -59,3 +61,13 @@ def add_error_responses(result, generator, request, public):
             for status, description in ERROR_STATUSES.items():
                 responses.setdefault(status, {"description": description, "content": ref})
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """`/v1/schema` (YAML, or JSON with `?format=json`); its errors in the API's JSON format."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if response.status_code >= 400:
+            request.accepted_renderer = response.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = response.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -4,14 +4,14 @@ from django.urls import include, path, re_path
 from django.views.defaults import bad_request, page_not_found
 from django.views.defaults import server_error as html_server_error
 from django.views.generic import TemplateView
-from drf_spectacular.views import SpectacularAPIView
 
 from providers.api import GpusView, RegionsView
 from veri import errors
 from veri.health import healthz
+from veri.schema import SchemaView
 
 v1 = [
-    path("schema", SpectacularAPIView.as_view(), name="schema"),
+    path("schema", SchemaView.as_view(), name="schema"),
     path("", include("volumes.urls")),
     path("", include("training.urls")),
     path("", include("billing.urls")),

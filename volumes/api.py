@@ -328,7 +328,18 @@ class LocalStoreView(View):
         self.store = store
         return super().dispatch(request)
 
+    def http_method_not_allowed(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        error = VeriError(
+            f"{request.method} is not allowed on a store URL.", code="method_not_allowed"
+        )
+        response = JsonResponse(error.as_body(), status=405)
+        response["Allow"] = ", ".join(m.upper() for m in self.http_method_names)
+        return response
+
     def put(self, request: HttpRequest) -> HttpResponse:
+        if not request.META.get("CONTENT_LENGTH"):  # a chunked body would arrive cut (S3: 411)
+            error = VeriError("Send the body with a Content-Length.", code="length_required")
+            return JsonResponse(error.as_body(), status=411)
         claims, content_md5 = self.claims, request.headers.get("Content-MD5")
         try:
             if claims["op"] == "put":

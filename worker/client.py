@@ -60,9 +60,15 @@ class Shipper:
     MAX_BATCH_CHARS = 1024**2  # one request stays well under the API's body limit
 
     def __init__(
-        self, api: ControlPlane, *, interval: float = 1.0, heartbeat_interval: float = 10.0
+        self,
+        api: ControlPlane,
+        *,
+        interval: float = 1.0,
+        heartbeat_interval: float = 10.0,
+        on_stop=None,
     ):
         self.api, self.interval, self.heartbeat_interval = api, interval, heartbeat_interval
+        self.on_stop = on_stop  # called once with {code, message} when the control plane asks
         self.lines: deque = deque()
         self.points: list[dict] = []
         self.seq, self.step, self.dropped = 0, None, 0
@@ -114,8 +120,11 @@ class Shipper:
                 with self.lock:
                     del self.points[: len(points)]
             if time.monotonic() - self.last_heartbeat >= self.heartbeat_interval:
-                self.api.call("POST", "/heartbeat", json={"step": self.step}, attempts=1)
+                answer = self.api.call("POST", "/heartbeat", json={"step": self.step}, attempts=1)
                 self.last_heartbeat = time.monotonic()
+                if (stop := answer.get("stop")) and self.on_stop:
+                    self.on_stop, on_stop = None, self.on_stop
+                    on_stop(stop)
         except ControlPlaneError as exc:
             if exc.status in (400, 401, 404):
                 raise  # the job is gone or the batch is refused: retrying cannot help

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,8 @@ class Runner:
         self.job_id, self.work, self.mount_root = job_id, work_dir, mount_root
         self.shipper: Shipper | None = None
         self.http = httpx.Client(timeout=600)
-        self.upload_failures: dict[str, str] = {}
+        self.child: subprocess.Popen | None = None
+        self.stop: dict | None = None  # the control plane asked: save a checkpoint and end
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -44,7 +46,9 @@ class Runner:
             )
             spec = self.api.call("GET", "/spec")
             self.shipper = Shipper(
-                self.api, heartbeat_interval=spec["heartbeat_interval_seconds"]
+                self.api,
+                heartbeat_interval=spec["heartbeat_interval_seconds"],
+                on_stop=self.stop_training,
             ).start()
             self.say(f"[veri] worker for {self.job_id}: {spec['method']} on {spec['base_model']}")
             free = os.environ.get(
@@ -65,6 +69,14 @@ class Runner:
             self.say(traceback.format_exc())
             self.finish(ok=False, code="training_error", message=f"the worker crashed: {exc!r}")
         return 1
+
+    def stop_training(self, stop: dict) -> None:
+        """The control plane asked for an end (budget, balance): the training process saves a
+        checkpoint at its next step and stops (SIGUSR1, see worker.train)."""
+        self.stop = stop
+        self.say(f"[veri] stopping: {stop['code']}: {stop['message']}")
+        if self.child and self.child.poll() is None:
+            self.child.send_signal(signal.SIGUSR1)
 
     def finish(self, *, ok: bool, code: str | None = None, message: str = "") -> None:
         if self.shipper:
@@ -113,7 +125,7 @@ class Runner:
         job_file = self.work / "job.json"
         job_file.write_text(json.dumps(job))
         read_fd, write_fd = os.pipe()
-        child = subprocess.Popen(
+        self.child = child = subprocess.Popen(
             [sys.executable, "-m", "worker.train", str(job_file)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -121,6 +133,8 @@ class Runner:
             env={**os.environ, "VERI_EVENTS_FD": str(write_fd), "PYTHONUNBUFFERED": "1"},
         )
         os.close(write_fd)
+        if self.stop:  # asked before the child could take the signal
+            child.send_signal(signal.SIGUSR1)
         outcome: dict = {}
         pump = threading.Thread(target=self._pump_output, args=(child,), daemon=True)
         pump.start()
@@ -135,6 +149,9 @@ class Runner:
         pump.join()
         if "error" in outcome:
             raise JobFailure(outcome["error"]["code"], outcome["error"]["message"])
+        if "stopped" in outcome and self.stop:
+            step = outcome["stopped"]["step"]
+            raise JobFailure(self.stop["code"], f"{self.stop['message']} Stopped at step {step}.")
         if status != 0:
             how = f"was killed by signal {-status}" if status < 0 else f"exited with {status}"
             raise JobFailure("training_error", f"the training process {how}")
@@ -164,7 +181,7 @@ class Runner:
                 )
             except JobFailure as failure:  # the job goes on; the final upload decides
                 self.say(f"[veri] checkpoint {event['step']} was not saved: {failure.message}")
-        elif kind in ("error", "finished"):
+        elif kind in ("error", "finished", "stopped"):
             outcome[kind] = event
 
     def upload_checkpoint(self, folder: Path, step: int, remote: str, *, final: bool) -> None:

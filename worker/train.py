@@ -9,7 +9,9 @@ descriptor in VERI_EVENTS_FD; its stdout and stderr are the job's log. Any failu
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -64,6 +66,8 @@ def load_rows(spec: dict) -> list[dict]:
     if data["source"] == "hf":
         from datasets import load_dataset
 
+        if os.path.exists(data["repo"]):  # `datasets` would read a local folder by that name
+            raise JobFailure("config_error", f"{data['repo']!r} is a path, not a dataset id")
         try:
             loaded = load_dataset(data["repo"], split=data["split"], revision=data["revision"])
         except Exception as exc:
@@ -126,6 +130,9 @@ def set_adapter_base(folder: Path, spec: dict) -> None:
         card.write_text(card.read_text().replace(spec["model_path"], spec["base_model"]))
 
 
+STOP_ASKED = threading.Event()  # SIGUSR1 from the runner: save a checkpoint and stop
+
+
 def make_callback(events: Events, spec: dict):
     from transformers import TrainerCallback
 
@@ -143,6 +150,9 @@ def make_callback(events: Events, spec: dict):
 
         def on_step_end(self, args, state, control, **kwargs):
             events.emit("step", step=state.global_step)
+            if STOP_ASKED.is_set() and not control.should_training_stop:
+                control.should_save = bool(spec.get("checkpoint_every"))
+                control.should_training_stop = True
 
         def seconds_per_step(self, step: int) -> float | None:
             done = step - (self.first_step or 0)
@@ -337,6 +347,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 
 def main() -> int:
+    signal.signal(signal.SIGUSR1, lambda *_: STOP_ASKED.set())
     spec = json.loads(Path(sys.argv[1]).read_text())
     events = Events()
     try:
@@ -344,6 +355,10 @@ def main() -> int:
         print(f"[veri] {len(rows)} rows; loading {spec['base_model']}", flush=True)
         trainer, tokenizer = build_trainer(spec, rows, events)
         trainer.train(resume_from_checkpoint=spec.get("resume_path"))
+        if STOP_ASKED.is_set():
+            print(f"[veri] stopped at step {trainer.state.global_step}, as asked", flush=True)
+            events.emit("stopped", step=trainer.state.global_step)
+            return 0
         final = Path(spec["final_dir"])
         trainer.save_model(str(final))
         tokenizer.save_pretrained(str(final))

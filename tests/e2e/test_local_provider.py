@@ -9,7 +9,7 @@ import pytest
 from billing.services import open_billing_account
 from providers.local import LocalProvider
 from providers.models import Instance
-from tests.conftest import REPO
+from tests.conftest import REPO, fill_volume
 from tests.training.conftest import REWARD, upload_dataset
 from training.models import TrainingJob
 
@@ -32,6 +32,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
     settings.VERI_STORE = local_store_url
     open_billing_account(workspace=workspace, credit_micros=100_000_000)
     dataset = upload_dataset(api_client, [{"prompt": "2 + 2 ="}])
+    fill_volume(workspace, "models", {"tiny/config.json": b"{}"})
     qcluster(
         VERI_PUBLIC_URL=live_server.url,
         VERI_LOCAL_WORKER_COMMAND=f"{sys.executable} {REPO / 'tests/e2e/stub_worker.py'}",
@@ -40,7 +41,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
         STUB_STEP_SECONDS="1",
     )
     body = {
-        "base_model": str(tmp_path),  # a folder on this machine, where local workers run
+        "base_model": "volume://models/tiny",
         "dataset_id": dataset["id"],
         "method": "grpo",
         "reward_source": REWARD,
@@ -67,7 +68,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
         assert (got["status"], got["last_step"]) == ("completed", 3), got
         assert got["cost_usd"] is not None and got["cost_attributed_at"] is not None
         full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
-        assert f"stub step 3 of grpo on {tmp_path}" in full
+        assert "stub step 3 of grpo on volume://models/tiny" in full
         [final] = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
         assert final["final"] and final["files"][0]["path"] == "adapter_config.json"
         instance = Instance.objects.get(job__public_id=job_id)

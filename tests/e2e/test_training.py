@@ -33,6 +33,7 @@ DPO_ROWS = [
     {"prompt": f"What is {a} plus {a}?", "chosen": f" {2 * a}.", "rejected": " I do not know."}
     for a in range(24)
 ]
+TINY = "volume://models/tiny"  # the platform fixture puts the tiny model there
 FAST_LORA = {
     "r": 8,
     "alpha": 16,
@@ -55,10 +56,18 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def platform(api_client, workspace, live_server, qcluster, settings, tmp_path, local_store_url):
-    """The embedded default, live: API server, qcluster, local provider, local store."""
+def platform(
+    api_client, workspace, live_server, qcluster, settings, tmp_path, local_store_url, tiny_model
+):
+    """The embedded default, live: API server, qcluster, local provider, local store; the tiny
+    model in the volume `models` (TINY)."""
     settings.VERI_STORE = local_store_url
     open_billing_account(workspace=workspace, credit_micros=100_000_000)
+    fill_volume(
+        workspace,
+        "models",
+        {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir() if p.is_file()},
+    )
     instances = tmp_path / "instances"
 
     def start(**env):
@@ -137,15 +146,10 @@ def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
     api_client, platform, tiny_model, tmp_path, workspace
 ):
     platform()
-    fill_volume(
-        workspace,
-        "models",
-        {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir() if p.is_file()},
-    )
     job_id = submit(
         api_client,
         GRPO_ROWS,
-        base_model="volume://models/tiny",
+        base_model=TINY,
         method="grpo",
         reward_source=SHARE_OF_A,
         hyperparameters={
@@ -175,7 +179,7 @@ def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
     folder = download_final(api_client, job_id, tmp_path / "ckpt")
     assert (folder / "tokenizer.json").exists()
     config = json.loads((folder / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == "volume://models/tiny"  # not the worker's mount
+    assert config["base_model_name_or_path"] == TINY  # not the worker's mount
     assert_loads_and_generates(folder, base=tiny_model)
 
 
@@ -184,7 +188,7 @@ def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_
     sft = submit(
         api_client,
         SFT_ROWS,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="sft_text",
         hyperparameters={
             "learning_rate": 5e-3,
@@ -196,7 +200,7 @@ def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_
     dpo = submit(
         api_client,
         DPO_ROWS,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="dpo",
         hyperparameters={
             "learning_rate": 5e-3,
@@ -226,7 +230,7 @@ def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
     job_id = submit(
         api_client,
         SFT_ROWS * 4,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="sft_text",
         checkpoint_every=5,
         checkpoint_keep=2,
@@ -284,7 +288,7 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
     raising = submit(
         api_client,
         GRPO_ROWS,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="grpo",
         reward_source="def reward(completions, **kw):\n    raise ValueError('bad reward')\n",
         hyperparameters={
@@ -301,7 +305,7 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
     incomplete = submit(
         api_client,
         SFT_ROWS,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="sft_text",
         volumes=["corpus"],
         hyperparameters={"max_steps": 1},
@@ -316,13 +320,15 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
 
 
 def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, workspace, settings):
-
-    platform(VERI_LOCAL_SLOTS="2", VERI_WORKER_ASSUME_FREE_DISK_BYTES="100")
-    fill_volume(workspace, "big", {"data.bin": b"x" * 1000})
+    # Room for the model's volume alone (it stays under 80 % of "free" disk), not with 1 MB more.
+    model_bytes = sum(p.stat().st_size for p in tiny_model.iterdir() if p.is_file())
+    free = int((model_bytes + 500_000) / 0.8)
+    platform(VERI_LOCAL_SLOTS="2", VERI_WORKER_ASSUME_FREE_DISK_BYTES=str(free))
+    fill_volume(workspace, "big", {"data.bin": b"x" * 1_000_000})
     too_big = submit(
         api_client,
         SFT_ROWS,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="sft_text",
         volumes=["big"],
         hyperparameters={"max_steps": 1},
@@ -330,7 +336,7 @@ def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, works
     refused = submit(
         api_client,
         SFT_ROWS,
-        base_model=str(tiny_model),
+        base_model=TINY,
         method="sft_text",
         hyperparameters={"max_steps": 2},
     )

@@ -27,6 +27,8 @@ HOSTILE_PATHS = [
     "./file.txt",
     "x" * 1000,
     "data/" + "y" * 300,
+    "c1/a\u0085b",  # a C1 control character
+    "evil\u202egnp.txt",  # a right-to-left override: shows as evil.png
 ]
 
 
@@ -92,7 +94,15 @@ def test_worker_paths_are_refused(job_on_store, path):
 
 
 @pytest.mark.parametrize(
-    "path", ["logs/stdout.txt", "final", "checkpoints/x/a.bin", "checkpoints/step-1/a.bin", "a.bin"]
+    "path",
+    [
+        "logs/stdout.txt",
+        "final",
+        "checkpoints/x/a.bin",
+        "checkpoints/step-1/a.bin",
+        "checkpoints/step-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0662/a.bin",
+        "a.bin",
+    ],
 )
 def test_a_worker_writes_only_its_checkpoint_and_final_folders(job_on_store, path):
     job, worker = job_on_store

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from providers.local import _start_time
 from providers.models import Instance
-from tests.conftest import assert_error, free_port
+from tests.conftest import assert_error, fill_volume, free_port
 from tests.training.conftest import GRPO_ROWS, REWARD, upload_dataset
 from training import tasks
 from training.models import TrainingJob
@@ -27,10 +27,11 @@ def local_job(api_client, billed, settings, local_store_url, tmp_path):
     settings.VERI_STORE = local_store_url
     settings.VERI_LOCAL_INSTANCES_DIR = str(tmp_path / "instances")
     dataset = upload_dataset(api_client, GRPO_ROWS)
+    fill_volume(billed, "models", {"m/config.json": b"{}"})
 
     def submit(**overrides):
         body = {
-            "base_model": str(tmp_path),
+            "base_model": "volume://models/m",
             "dataset_id": dataset["id"],
             "method": "grpo",
             "reward_source": REWARD,
@@ -130,7 +131,7 @@ def test_local_workers_with_network_take_hub_ids(local_job, settings, tmp_path):
     assert local_job(base_model="Qwen/Qwen2.5-0.5B-Instruct").status_code == 201
 
 
-def test_a_folder_base_model_must_exist_on_the_local_machine(local_job, tmp_path):
-    assert_error(
-        local_job(base_model=str(tmp_path / "missing")), 400, "base_model_unavailable", "base_model"
-    )
+def test_a_folder_is_never_a_base_model(local_job, tmp_path):
+    """A folder of the machine would let a job read what another job left there."""
+    for folder in (str(tmp_path), "/tmp", ".veri/store", "../x"):
+        assert_error(local_job(base_model=folder), 400, "invalid_base_model", "base_model")

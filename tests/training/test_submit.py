@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from tests.conftest import assert_error, client_for
+from tests.conftest import assert_error, client_for, fill_volume
 from tests.training.conftest import GRPO_ROWS, REWARD, job_body, upload_dataset
 from training.models import Dataset, JobEvent, TrainingJob
 from veri import services as veri_services
@@ -207,7 +207,8 @@ BAD_SUBMISSIONS = [
     ({"base_model": "volume://nope/model"}, "invalid_volume", "base_model"),
     ({"base_model": "volume://nope/../../etc"}, "invalid_path", "base_model"),
     ({"base_model": "volume://bad name/x"}, "invalid_name", "base_model"),
-    ({"base_model": "/etc"}, "base_model_unavailable", "base_model"),  # a rented GPU lacks it
+    ({"base_model": "/etc"}, "invalid_base_model", "base_model"),  # never a folder of a machine
+    ({"base_model": "../../.veri"}, "invalid_base_model", "base_model"),
     (
         {"reward_source": "x = " + "-" * 100_000 + "1\ndef reward(c):\n    return c\n"},
         "invalid_reward",
@@ -309,12 +310,13 @@ def test_another_workspaces_volume_and_dataset_cannot_be_used(api_client, datase
 
 
 def test_local_provider_is_the_default_without_cloud_credentials(
-    api_client, billed, settings, local_store_url, tmp_path
+    api_client, billed, settings, local_store_url
 ):
     settings.VERI_STORE = local_store_url
     dataset = upload_dataset(api_client, GRPO_ROWS)
+    fill_volume(billed, "models", {"m/config.json": b"{}"})
     body = {
-        "base_model": str(tmp_path),  # a folder on this machine, where local workers run
+        "base_model": "volume://models/m",
         "dataset_id": dataset["id"],
         "method": "grpo",
         "reward_source": REWARD,

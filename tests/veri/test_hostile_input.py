@@ -7,12 +7,14 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.test import RequestFactory
 from django.utils import timezone
 
 from tests.conftest import assert_error, fill_volume
 from tests.training.conftest import GRPO_ROWS, job_body, upload_dataset, worker_client
 from training import tasks
 from training.models import Checkpoint, Dataset, LogChunk, MetricPoint, TrainingJob
+from volumes.api import LocalStoreView
 from volumes.models import Upload, UsageSnapshot, Volume
 
 pytestmark = pytest.mark.django_db
@@ -127,6 +129,54 @@ def test_cursors_we_did_not_give_out_are_400(api_client, workspace, value):
     for url in ("/v1/volumes", "/v1/volumes/corpus/files", "/v1/volumes/corpus/usage"):
         assert_error(api_client.get(url, {"cursor": cursor}), 400, "invalid_cursor", "cursor")
     assert_error(api_client.get("/v1/volumes", {"cursor": "%%%"}), 400, "invalid_cursor")
+
+
+def test_cursors_that_no_database_could_take_are_400(api_client, workspace):
+    fill_volume(workspace, "corpus", {"a.txt": b"a"})
+    for url, value in [
+        ("/v1/volumes/corpus/files", "\ud800"),
+        ("/v1/volumes/corpus/files", "\udfff\ud800"),
+        ("/v1/volumes/corpus/usage", "9999-12-31T23:59:59-14:00"),
+        ("/v1/volumes/corpus/usage", "0001-01-01T00:00:00+14:00"),
+    ]:
+        cursor = base64.urlsafe_b64encode(json.dumps(value).encode()).decode()
+        assert_error(api_client.get(url, {"cursor": cursor}), 400, "invalid_cursor", "cursor")
+
+
+@pytest.mark.parametrize(
+    "repo", [".veri/store", "/tmp", "..", "../x", "a/b/c", "./data", "~/x", "a b"]
+)
+def test_a_hugging_face_dataset_is_an_id_never_a_path(api_client, billed, repo):
+    answer = api_client.post("/v1/datasets", {"source": "hf", "repo": repo}, format="json")
+    assert_error(answer, 400, "invalid_dataset", "repo")
+    answer = api_client.post(
+        "/v1/datasets", {"source": "hf", "repo": "openai/gsm8k", "revision": "../x"}, format="json"
+    )
+    assert_error(answer, 400, "invalid_dataset", "revision")
+    assert not Dataset.objects.exists()
+    ok = api_client.post(
+        "/v1/datasets", {"source": "hf", "repo": "openai/gsm8k", "split": "train[:10%]"}
+    )
+    assert ok.status_code == 201
+
+
+def test_store_urls_and_the_schema_answer_errors_in_json(api_client, workspace, settings, tmp_path):
+    settings.VERI_STORE = f"file://{tmp_path / 'store'}"
+    volume = fill_volume(workspace, "corpus", {"a.txt": b"a"})
+    started = api_client.post(
+        f"/v1/volumes/{volume.public_id}/files", {"path": "b.txt", "size": 1}, format="json"
+    ).json()
+    url = started["url"].removeprefix("http://testserver")
+    for method in ("delete", "post"):
+        assert_error(getattr(api_client, method)(url), 405, "method_not_allowed")
+    request = RequestFactory().put(url, b"x")  # as a chunked body arrives: no Content-Length
+    del request.META["CONTENT_LENGTH"]
+    answer = LocalStoreView.as_view()(request, token=url.rsplit("/", 1)[-1])
+    assert answer.status_code == 411 and json.loads(answer.content)["error"]["code"] == (
+        "length_required"
+    )
+    assert_error(api_client.delete("/v1/schema"), 405, "method_not_allowed")
+    assert_error(api_client.get("/v1/schema", {"format": "xml"}), 404, "not_found")
 
 
 def test_usage_pages_by_hour(api_client, workspace):

@@ -118,3 +118,20 @@ def test_an_error_answer_is_replayed_too(api_client):
     again = api_client.post("/v1/volumes", {"name": "-bad"}, format="json", **headers)
     assert first.status_code == again.status_code == 400
     assert first.json() == again.json()
+
+
+@pytest.mark.django_db
+def test_another_file_under_the_same_name_is_another_request(
+    api_client, billed, settings, tmp_path
+):
+    settings.VERI_STORE = f"file://{tmp_path / 'store'}"
+    headers = {"HTTP_IDEMPOTENCY_KEY": "upload-1"}
+    first = api_client.post("/v1/datasets", {"file": jsonl_file()}, format="multipart", **headers)
+    other = io.BytesIO(b'{"prompt": "something else"}\n')
+    other.name = "train.jsonl"
+    again = api_client.post("/v1/datasets", {"file": other}, format="multipart", **headers)
+    assert first.status_code == 201
+    assert_error(again, 409, "idempotency_key_reused")
+    same = api_client.post("/v1/datasets", {"file": jsonl_file()}, format="multipart", **headers)
+    assert same.json() == first.json()
+    assert Dataset.objects.count() == 1

@@ -10,7 +10,14 @@ import pytest
 
 from worker.client import ControlPlane, Shipper
 from worker.errors import JobFailure
-from worker.train import classify, duration, load_reward, progress_line, set_adapter_base
+from worker.train import (
+    classify,
+    duration,
+    load_reward,
+    load_rows,
+    progress_line,
+    set_adapter_base,
+)
 from worker.volumes import check_disk
 
 
@@ -193,3 +200,13 @@ def test_shipped_batches_stay_under_the_body_limit_and_lines_are_cleaned():
     assert [line["seq"] for line in shipped] == list(range(301))
     assert len(shipped[0]["text"]) == Shipper.MAX_LINE_CHARS
     assert shipped[-1]["text"] == "bin\ufffdary"
+
+
+def test_a_dataset_id_that_names_a_local_folder_is_refused(tmp_path, monkeypatch):
+    """`datasets.load_dataset` reads a local folder of that name: a worker never does."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secrets").mkdir()
+    spec = {"method": "sft_text", "dataset": {"source": "hf", "repo": "secrets"}}
+    with pytest.raises(JobFailure) as failure:
+        load_rows(spec)
+    assert failure.value.code == "config_error"

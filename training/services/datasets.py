@@ -3,6 +3,7 @@ import io
 from django.conf import settings
 from django.db import transaction
 
+from training import specs
 from training.models import Dataset
 from training.specs import scan_jsonl
 from veri.errors import TooLarge, VeriError
@@ -54,11 +55,24 @@ def create_uploaded_dataset(*, workspace: Workspace, file, name: str = "") -> Da
 def create_hf_dataset(
     *, workspace: Workspace, repo: str, split: str = "train", revision: str = "main", name: str = ""
 ) -> Dataset:
-    """Recorded only: the worker fetches it (the control plane never downloads from a hub)."""
-    if not repo or repo.count("/") > 1 or " " in repo:
+    """Recorded only: the worker fetches it (the control plane never downloads from a hub).
+    The repo is a hub id and never a path, so no worker is pointed at a folder of its machine."""
+    if not specs.is_hub_id(repo):
         raise VeriError(
-            "repo must look like 'owner/name' or 'name'.", field="repo", code="invalid_dataset"
+            "repo must be a Hugging Face dataset id like 'openai/gsm8k'.",
+            field="repo",
+            code="invalid_dataset",
         )
+    for field, value, rule in (
+        ("split", split, specs.HUB_SPLIT_RE),
+        ("revision", revision, specs.HUB_REVISION_RE),
+    ):
+        if value and not rule.fullmatch(value):
+            raise VeriError(
+                f"{field} {value[:100]!r} is not a Hugging Face {field}.",
+                field=field,
+                code="invalid_dataset",
+            )
     return Dataset.objects.create(
         workspace=workspace,
         source=Dataset.Source.HF,

@@ -1,6 +1,5 @@
 """Submit, the state machine, cancel, resume, and settling a finished job."""
 
-import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -187,12 +186,9 @@ def _resolve_dataset(workspace: Workspace, dataset_id: str, method: str) -> Data
     return dataset
 
 
-HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
-
-
 def _check_base_model(base_model: str) -> None:
-    """The three forms a base model takes: `volume://<volume>/<path>`, a model hub id
-    (`owner/name`), or an absolute folder on the worker's machine."""
+    """The two forms a base model takes: `volume://<volume>/<path>`, or a model hub id
+    (`owner/name`). Never a folder on a machine: a worker loads only what its job may read."""
     if not isinstance(base_model, str) or not base_model:
         raise VeriError(
             "base_model is required (volume://<volume>/<path>, or a Hugging Face repo id).",
@@ -205,10 +201,7 @@ def _check_base_model(base_model: str) -> None:
         if path:
             validate_path(path.rstrip("/"), field="base_model")
         return
-    if base_model.startswith("/"):
-        validate_path(base_model.lstrip("/"), field="base_model")
-        return
-    if not HUB_ID_RE.fullmatch(base_model):
+    if not specs.is_hub_id(base_model):
         raise VeriError(
             f"base_model {base_model[:200]!r} is neither volume://<volume>/<path> nor a Hugging "
             "Face repo id like 'Qwen/Qwen2.5-0.5B-Instruct'.",

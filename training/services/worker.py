@@ -109,7 +109,7 @@ def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
 
 
 OUTPUT_FOLDERS = ("checkpoints", "final")
-CHECKPOINT_FOLDER_RE = re.compile(r"step-\d{8}")
+CHECKPOINT_FOLDER_RE = re.compile(r"step-[0-9]{8}")
 
 
 def validate_output_path(path: str, *, field: str = "path") -> str:
