@@ -5,6 +5,7 @@ import sys
 import threading
 import time
 import uuid
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -16,6 +17,8 @@ from rest_framework.test import APIClient
 
 from billing.services import open_billing_account
 from providers.services import get_adapter
+from tests.stripe_fake import SECRET as STRIPE_SECRET
+from tests.stripe_fake import FakeStripe
 from veri import services as veri_services
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -29,6 +32,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def django_db_serialized_rollback():
+    """Every transactional test puts back the rows migrations made (task schedules, content
+    types) after flushing: one that does not would break the next one that does."""
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +118,18 @@ def cloud(settings):
 def billed(workspace):
     open_billing_account(workspace=workspace, credit_micros=100_000_000)
     return workspace
+
+
+@pytest.fixture
+def stripe_api(settings):
+    FakeStripe.requests, FakeStripe.answers = [], {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStripe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.STRIPE_SECRET_KEY = "sk_test_veri"
+    settings.STRIPE_WEBHOOK_SECRET = STRIPE_SECRET
+    settings.STRIPE_API_BASE = f"http://127.0.0.1:{server.server_port}"
+    yield FakeStripe
+    server.shutdown()
 
 
 def client_for(workspace) -> APIClient:

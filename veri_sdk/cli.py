@@ -174,6 +174,34 @@ def cmd_volumes_delete(args, client) -> int:
     return 0
 
 
+def cmd_billing(args, client) -> int:
+    balance = client.billing.get()
+    low = "  (low: below a day of recent spend)" if balance.low_balance else ""
+    out.print(f"Balance: {balance.balance_usd} USD{low}")
+    if not balance.payments_enabled:
+        out.print("Card top-ups are off on this deployment; an operator adds credit.")
+    listing = table(
+        "WHEN", "KIND", "AMOUNT (USD)", "JOB / VOLUME", "DESCRIPTION", whole=("JOB / VOLUME",)
+    )
+    for entry in client.billing.ledger(limit=args.limit):
+        listing.add_row(
+            entry["created_at"],
+            entry["kind"],
+            entry["amount_usd"],
+            entry["job_id"] or entry["volume_id"] or "",
+            entry["description"],
+        )
+    out.print(listing)
+    return 0
+
+
+def cmd_billing_top_up(args, client) -> int:
+    url = client.billing.top_up(args.amount)
+    out.print(f"Pay {args.amount} USD here; the balance grows once the payment goes through:")
+    out.print(url, soft_wrap=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veri", description="Veri: managed LLM training.")
     parser.add_argument("--api-url", help="default: VERI_API_URL, else `veri login`'s")
@@ -213,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("name")
     delete.add_argument("--yes", action="store_true", help="do not ask for the name")
     delete.set_defaults(run=cmd_volumes_delete)
+
+    billing = commands.add_parser("billing", help="the balance and recent charges and credits")
+    billing.add_argument("--limit", type=int, default=20, help="entries to show (default 20)")
+    billing.set_defaults(run=cmd_billing)
+    bc = billing.add_subparsers(dest="billing_command")
+    top_up = bc.add_parser("top-up", help="a card payment page that adds AMOUNT USD")
+    top_up.add_argument("amount", help="in USD, e.g. 25")
+    top_up.set_defaults(run=cmd_billing_top_up)
     return parser
 
 

@@ -1,3 +1,4 @@
+from veri_sdk.billing import Billing
 from veri_sdk.config import resolve
 from veri_sdk.http import ApiTransport, StorageTransport
 from veri_sdk.training import Datasets, TrainingJobs
@@ -22,3 +23,4 @@ class Client:
         self.volumes = Volumes(self.api, storage)
         self.datasets = Datasets(self.api)
         self.training_jobs = TrainingJobs(self.api, storage)
+        self.billing = Billing(self.api)

@@ -13,6 +13,7 @@ from veri_sdk.errors import VeriAPIError
 from veri_sdk.http import ApiTransport, StorageTransport
 
 TERMINAL = {"completed", "failed", "cancelled"}
+SETTLE_WAIT_SECONDS = 60  # a finished job's charge is written by a task moments later
 
 
 @dataclass
@@ -34,6 +35,7 @@ class TrainingJob:
     finished_at: str | None = None
     error: dict | None = None
     cost_usd: str | None = None
+    refund: dict | None = None
     last_step: int | None = None
     metrics_summary: dict | None = None
     data: dict = field(default_factory=dict, repr=False)
@@ -91,6 +93,11 @@ class TrainingJobs:
         """Submit a job: base_model, dataset_id, method, reward_source (grpo), hyperparameters, …"""
         return TrainingJob.from_api(self.api.request("POST", "/training_jobs", json=fields), self)
 
+    def quote(self, **fields) -> dict:
+        """What `create(**fields)` would cost: `cost_usd` {low, expected, high}, `gpu_seconds`,
+        `price_per_hour_usd` and the `assumptions` used. Rents nothing."""
+        return self.api.request("POST", "/training_jobs/quote", json=fields)
+
     def get(self, job_id: str) -> TrainingJob:
         return TrainingJob.from_api(self.api.request("GET", f"/training_jobs/{job_id}"), self)
 
@@ -125,10 +132,11 @@ class TrainingJobs:
         stream: bool = True,
         out: TextIO | None = None,
     ) -> TrainingJob:
-        """Poll until the job finishes, printing its log lines as they arrive. Streaming is best
-        effort: if reading the log fails, polling goes on quietly."""
+        """Poll until the job finishes (and its charge is settled, so `cost_usd` and `refund`
+        are final), printing its log lines as they arrive. Streaming is best effort: if reading
+        the log fails, polling goes on quietly."""
         out = out or sys.stdout
-        after = -1
+        after, settle_deadline = -1, None
         while True:
             job = self.get(job_id)
             if stream:
@@ -144,7 +152,13 @@ class TrainingJobs:
                 except VeriAPIError:
                     stream = False
             if job.finished:
-                return job
+                if job.data.get("billing_deducted_at"):
+                    return job
+                settle_deadline = settle_deadline or time.monotonic() + SETTLE_WAIT_SECONDS
+                if time.monotonic() > settle_deadline:
+                    return job
+                time.sleep(min(poll_interval, 1.0))
+                continue
             time.sleep(poll_interval)
 
     def download(self, job_id: str, *, output_dir: str | Path = "./checkpoints") -> Path:

@@ -5,78 +5,19 @@ package calls, so the gateway runs unpatched."""
 import hashlib
 import hmac
 import json
-import threading
 import time
 from datetime import UTC, date, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs
 
 import pytest
 
 from billing import services, tasks
 from billing.models import LedgerEntry, StripeMirror
 from tests.conftest import assert_error, fill_volume
+from tests.stripe_fake import SECRET
 from veri.models import Workspace
 from volumes.models import UsageSnapshot
 
 pytestmark = pytest.mark.django_db
-SECRET = "whsec_test_secret"
-
-
-class FakeStripe(BaseHTTPRequestHandler):
-    """The few Stripe endpoints the gateway uses. Like Stripe, a repeated Idempotency-Key gets
-    the first answer back."""
-
-    requests: list[dict] = []
-    answers: dict[str, tuple[int, dict]] = {}
-
-    def do_POST(self):
-        body = parse_qs(self.rfile.read(int(self.headers["Content-Length"] or 0)).decode())
-        key = self.headers.get("Idempotency-Key")
-        FakeStripe.requests.append({"path": self.path, "body": body, "key": key})
-        if key and key in FakeStripe.answers:
-            status, answer = FakeStripe.answers[key]
-        else:
-            status, answer = self.answer(body)
-            if key:
-                FakeStripe.answers[key] = (status, answer)
-        payload = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def answer(self, body: dict) -> tuple[int, dict]:
-        number = len(FakeStripe.requests)
-        if self.path == "/v1/customers":
-            return 200, {"id": f"cus_{number}", "object": "customer"}
-        if self.path == "/v1/checkout/sessions":
-            url = f"https://checkout.stripe.test/pay/cs_{number}"
-            return 200, {"id": f"cs_{number}", "object": "checkout.session", "url": url}
-        if self.path.endswith("/balance_transactions"):
-            amount = int(body["amount"][0])
-            return 200, {
-                "id": f"cbtxn_{number}",
-                "object": "customer_balance_transaction",
-                "amount": amount,
-            }
-        return 404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}}
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def stripe_api(settings):
-    FakeStripe.requests, FakeStripe.answers = [], {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStripe)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    settings.STRIPE_SECRET_KEY = "sk_test_veri"
-    settings.STRIPE_WEBHOOK_SECRET = SECRET
-    settings.STRIPE_API_BASE = f"http://127.0.0.1:{server.server_port}"
-    yield FakeStripe
-    server.shutdown()
 
 
 def signed(payload: bytes, secret: str = SECRET, at: int | None = None) -> str:

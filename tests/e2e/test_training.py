@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from billing.models import LedgerEntry
 from billing.services import open_billing_account
 from providers.models import Instance
 from tests.conftest import REPO, fill_volume, get_url
@@ -357,3 +358,35 @@ def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, works
     job = wait_settled(refused)
     assert (job.status, job.error_code) == ("failed", "upload_failed"), job.error_message
     assert "adapter_model.safetensors" in job.error_message and "503" in job.error_message
+
+
+def test_max_cost_stops_a_real_job_after_a_checkpoint_and_charges_the_cap(
+    api_client, platform, settings
+):
+    settings.VERI_LOCAL_PRICE_PER_HOUR = "36"  # a cent a second: the cap is reached in a minute
+    platform(VERI_LOCAL_PRICE_PER_HOUR="36", VERI_WATCH_PERIOD_SECONDS="1")
+    job_id = submit(
+        api_client,
+        SFT_ROWS * 4,
+        base_model=TINY,
+        method="sft_text",
+        checkpoint_every=50,
+        heartbeat_timeout_seconds=30,
+        max_cost_usd="0.60",
+        hyperparameters={
+            "learning_rate": 5e-3,
+            "max_steps": 20_000,
+            "batch_size": 2,
+            "max_seq_length": 64,
+        },
+    )
+    job = wait_settled(job_id, timeout=240)
+    assert (job.status, job.error_code) == ("failed", "budget_exceeded"), job.error_message
+    assert "Stopped at step" in job.error_message  # the worker stopped itself, not the watchdog
+    assert job.cost_micros == 600_000
+    charges = LedgerEntry.objects.filter(job=job).values_list("kind", "amount_micros")
+    assert list(charges) == [("job_charge", -600_000)]
+    checkpoints = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
+    assert checkpoints and not any(c["final"] for c in checkpoints)
+    newest = max(c["step"] for c in checkpoints)
+    assert str(newest) in job.error_message  # the stop saved one at the step it stopped

@@ -7,6 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from billing import services as billing
 from tests.conftest import free_port
 from veri import services as veri_services
 from veri_sdk import Client, ConnectionFailed, NotFoundError
@@ -235,3 +236,21 @@ def test_tables_never_cut_ids_or_paths(cli, capsys, settings, local_store_url, t
     assert code == 0 and name in out and volume.public_id in out and "…" not in out
     code, out, _ = cli("volumes", "ls", name, capsys=capsys)
     assert code == 0 and deep.relative_to(tmp_path / "tree").as_posix() in out
+
+
+def test_billing_shows_the_balance_and_the_ledger(cli, capsys, settings):
+    billing.open_billing_account(workspace=cli.workspace, credit_micros=12_500_000)
+    code, out, _ = cli("billing", capsys=capsys)
+    assert code == 0 and "Balance: 12.50 USD" in out and "adjustment" in out
+    assert "top-ups are off" in out
+    settings.STRIPE_SECRET_KEY = ""
+    code, _, err = cli("billing", "top-up", "25", capsys=capsys)
+    assert code == 1 and "Payments are disabled" in err
+    balance = Client().billing.get()
+    assert (balance.balance_usd, balance.low_balance) == ("12.50", False)
+
+
+def test_billing_top_up_prints_the_checkout_page(cli, capsys, stripe_api):
+    billing.open_billing_account(workspace=cli.workspace)
+    code, out, _ = cli("billing", "top-up", "25", capsys=capsys)
+    assert code == 0 and "https://checkout.stripe.test/pay/" in out

@@ -11,6 +11,7 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
+from hypothesis.errors import Unsatisfiable
 from rest_framework.test import APIClient
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -184,4 +185,12 @@ def test_no_operation_answers_5xx_or_off_schema(
         (GenerationMode.NEGATIVE, True),
         (GenerationMode.POSITIVE, False),  # generated ids: 404s, never 5xx
     ]:
-        fuzz(api_operation.as_strategy(generation_mode=mode), examples=EXAMPLES, real_ids=real_ids)
+        try:
+            fuzz(
+                api_operation.as_strategy(generation_mode=mode),
+                examples=EXAMPLES,
+                real_ids=real_ids,
+            )
+        except Unsatisfiable:
+            # Only an operation that takes any body (Stripe's webhook) has no invalid one.
+            assert mode == GenerationMode.NEGATIVE, operation

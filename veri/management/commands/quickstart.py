@@ -147,7 +147,8 @@ class Command(BaseCommand):
         self.stdout.write(
             f"  job         {job.id}: {job.status}, {job.last_step} steps\n"
             f"  reward      {first:.3f} (first steps) -> {last:.3f} (last steps)\n"
-            f"  cost        ${job.cost_usd} on the local provider\n"
+            f"  charge      {job.cost_usd} USD on the local provider; the workspace's balance is "
+            f"now {client.billing.get().balance_usd} USD (veri billing shows the ledger)\n"
             f"  checkpoint  {folder}/ (its base is {MODEL_DIR.relative_to(REPO)}: "
             "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder); "
             "README: Loading a trained adapter)\n"
