@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run a command with a throwaway PostgreSQL cluster and an S3 API server (moto) on loopback,
-# then stop both. Exports DATABASE_URL and VERI_TEST_S3_URL to the command.
+# then stop both. Exports DATABASE_URL and VERI_TEST_S3_URL to the command. Installs PostgreSQL
+# and Chromium (for the browser tests) from Debian's packages when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -12,6 +13,11 @@ if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
   echo "Installing PostgreSQL (apt-get)…" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
   pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+fi
+
+if [ ! -x /usr/bin/chromium ]; then  # the browser tests drive Debian's Chromium with Playwright
+  echo "Installing Chromium (apt-get)…" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
 mkdir -p .veri

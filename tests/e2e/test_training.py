@@ -89,7 +89,9 @@ def submit(api_client, rows, **fields) -> str:
 def wait_settled(job_id: str, timeout: float = 240) -> TrainingJob:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        job = TrainingJob.objects.filter(public_id=job_id, cost_attributed_at__isnull=False).first()
+        job = TrainingJob.objects.filter(
+            public_id=job_id, billing_deducted_at__isnull=False
+        ).first()
         if job:
             return job
         time.sleep(0.5)
@@ -217,7 +219,8 @@ def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_
             "training finished"
             in api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
         )
-        assert_loads_and_generates(download_final(api_client, job_id, tmp_path / job_id))
+        folder = download_final(api_client, job_id, tmp_path / job_id)
+        assert_loads_and_generates(folder, base=tiny_model)
     losses = metric_series(api_client, sft, "loss")
     assert len(losses) >= 20 and statistics.mean(losses[-5:]) < statistics.mean(losses[:5]) * 0.7
     margins = metric_series(api_client, dpo, "rewards/margins")
