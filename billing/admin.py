@@ -48,8 +48,22 @@ def _ask(modeladmin, request, queryset, *, form, title: str, action: str, button
     )
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Money and its decisions: nobody adds, changes or deletes them in place from the admin
+    (refunds are decided through actions, which reach the ledger)."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(Refund)
-class RefundAdmin(admin.ModelAdmin):
+class RefundAdmin(ReadOnlyAdmin):
     """The review queue: pending refunds first, oldest first, each with the evidence."""
 
     list_display = [
@@ -91,15 +105,6 @@ class RefundAdmin(admin.ModelAdmin):
             output_field=IntegerField(),
         )
         return super().get_queryset(request).order_by(pending_first, "created_at")
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False  # decisions go through the actions, which reach the ledger
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def has_review_permission(self, request) -> bool:
         return request.user.has_perm(REVIEW_PERMISSION)
@@ -234,7 +239,7 @@ class BillingAccountAdmin(admin.ModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "workspace", "kind", "amount", "job", "volume_ref", "created_by"]
     list_filter = ["kind"]
     search_fields = ["workspace__name", "workspace__public_id", "idempotency_key"]
@@ -245,27 +250,9 @@ class LedgerEntryAdmin(admin.ModelAdmin):
     def amount(self, entry: LedgerEntry) -> str:
         return services.usd(entry.amount_micros)
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(AttributionChange)
-class AttributionChangeAdmin(admin.ModelAdmin):
+class AttributionChangeAdmin(ReadOnlyAdmin):
     list_display = ["changed_at", "job", "from_attribution", "to_attribution", "changed_by"]
     list_select_related = ["job", "changed_by"]
     readonly_fields = [f.name for f in AttributionChange._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

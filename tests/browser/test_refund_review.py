@@ -2,19 +2,14 @@
 Playwright): one refund approved, another denied with a reason, and a staff user without the
 billing permission unable to do either."""
 
-from datetime import timedelta
-
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.utils import timezone
 from playwright.sync_api import Page, expect, sync_playwright
 
 from billing import services
 from billing.models import LedgerEntry, Refund
-from providers.models import Instance
-from training import tasks
+from tests.billing.test_ledger import failed_after_an_hour
 from training.models import TrainingJob
-from training.services import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 CHROMIUM = "/usr/bin/chromium"
@@ -40,12 +35,7 @@ def browser_page():
 
 
 def pending_refund(submit, code: str) -> Refund:
-    job = submit()
-    tasks.provision_job(job_id=job.pk)
-    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=1))
-    jobs.fail_job(job_id=job.pk, code=code)
-    tasks.settle_job(job_id=job.pk)
-    return Refund.objects.get(job=job)
+    return Refund.objects.get(job=failed_after_an_hour(submit, code))
 
 
 def staff(username: str, *permissions: str) -> User:
