@@ -4,7 +4,7 @@ quotes and budget caps."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
@@ -252,3 +252,39 @@ def test_a_quote_rents_nothing_and_states_its_assumptions(api_client, dataset, c
     assert not TrainingJob.objects.exists() and not Instance.objects.exists()
     bad = api_client.post("/v1/training_jobs/quote", job_body(dataset, method="x"), format="json")
     assert_error(bad, 400, "invalid_method", "method")
+
+
+def test_an_operator_adds_credit_once_however_often_the_form_is_sent(billed, client):
+    operator = User.objects.create_user("op", password="pw", is_staff=True)
+    operator.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_billingaccount", "add_credit"])
+    )
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_billingaccount"))
+    account = billed.billing_account
+    before = services.balance_micros(workspace=billed)
+    form = {
+        "action": "add_credit",
+        "_selected_action": [str(account.pk)],
+        "apply": "1",
+        "amount_usd": "12.34",
+        "reason": "goodwill after an outage",
+        "token": "form-1",
+    }
+    client.force_login(viewer)
+    client.post("/admin/billing/billingaccount/", form)
+    assert services.balance_micros(workspace=billed) == before  # not allowed: nothing
+    client.force_login(operator)
+    asked = client.post(
+        "/admin/billing/billingaccount/", {k: v for k, v in form.items() if k != "apply"}
+    )
+    assert b"Add credit" in asked.content  # the form, before anything moves
+    for _ in range(2):  # a double submit of one form credits once
+        client.post("/admin/billing/billingaccount/", form)
+    assert services.balance_micros(workspace=billed) == before + 12_340_000
+    entry = LedgerEntry.objects.filter(workspace=billed).latest("pk")
+    assert (entry.kind, entry.created_by, entry.description) == (
+        "adjustment",
+        operator,
+        "goodwill after an outage",
+    )
