@@ -157,6 +157,18 @@ class CheckpointOut(serializers.ModelSerializer):
         model = Checkpoint
         fields = ["id", "step", "final", "size_bytes", "created_at", "files"]
 
+    @extend_schema_field(
+        inline_serializer(
+            "CheckpointFile",
+            {
+                "path": serializers.CharField(),
+                "size": serializers.IntegerField(),
+                "sha256": serializers.CharField(help_text="empty when the worker sent none"),
+                "url": serializers.URLField(),
+            },
+            many=True,
+        )
+    )
     def get_files(self, checkpoint: Checkpoint) -> list[dict]:
         store, request = store_for(checkpoint.job.output_prefix), self.context["request"]
         ttl = settings.VERI_PRESIGN_TTL_SECONDS
@@ -164,6 +176,7 @@ class CheckpointOut(serializers.ModelSerializer):
             {
                 "path": f["path"],
                 "size": f["size"],
+                "sha256": f.get("sha256", ""),
                 "url": request.build_absolute_uri(store.presign_get(key, expires=ttl)),
             }
             for f, key in checkpoint.file_keys()

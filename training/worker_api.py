@@ -29,6 +29,7 @@ MAX_SEQ = 2**63 - 1
 MAX_LINE_CHARS = 16_384
 MAX_MESSAGE_CHARS = 10_000
 METRIC_NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
+EXAMPLE_SHA256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
 
 class JobTokenAuthentication(authentication.BaseAuthentication):
@@ -225,16 +226,41 @@ OutputUrls = inline_serializer(
 )
 
 
+SHA256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, allow_blank=True, default="")
+
+
+class OutputFileIn(serializers.Serializer):
+    path = PlainString()
+    sha256 = SHA256
+
+
 class WorkerOutputCredentialsView(WorkerView):
     class WorkerOutputCredentialsIn(serializers.Serializer):
-        paths = serializers.ListField(child=PlainString(), allow_empty=False, max_length=1000)
+        """`files` (each with the sha256 the store will hold the upload to), or bare `paths`."""
+
+        files = OutputFileIn(many=True, required=False, allow_empty=False, max_length=1000)
+        paths = serializers.ListField(
+            child=PlainString(), required=False, allow_empty=False, max_length=1000
+        )
+
+        def validate(self, data):
+            if ("files" in data) == ("paths" in data):
+                raise serializers.ValidationError("Send either files or paths.")
+            return data
 
     @extend_schema(
         request=WorkerOutputCredentialsIn,
         examples=[
             OpenApiExample(
                 "A checkpoint's files",
-                {"paths": ["checkpoints/step-00000010/adapter_model.safetensors"]},
+                {
+                    "files": [
+                        {
+                            "path": "checkpoints/step-00000010/adapter_model.safetensors",
+                            "sha256": EXAMPLE_SHA256,
+                        }
+                    ]
+                },
                 request_only=True,
             )
         ],
@@ -243,8 +269,9 @@ class WorkerOutputCredentialsView(WorkerView):
         },
     )
     def post(self, request: Request, job_id: str) -> Response:
-        paths = self.validated(self.WorkerOutputCredentialsIn, request.data)["paths"]
-        urls = worker_services.output_urls(job=self.job, paths=paths)
+        data = self.validated(self.WorkerOutputCredentialsIn, request.data)
+        files = data.get("files") or [{"path": path, "sha256": ""} for path in data["paths"]]
+        urls = worker_services.output_urls(job=self.job, files=files)
         for entry in urls:
             entry["url"] = request.build_absolute_uri(entry["url"])
         return Response({"files": urls})
@@ -253,6 +280,7 @@ class WorkerOutputCredentialsView(WorkerView):
 class CheckpointFileIn(serializers.Serializer):
     path = PlainString()
     size = serializers.IntegerField(min_value=0, max_value=MAX_OBJECT_BYTES)
+    sha256 = SHA256
 
 
 class WorkerCheckpointsView(WorkerView):

@@ -20,7 +20,7 @@ import httpx
 
 from worker.client import ControlPlane, ControlPlaneError, Shipper
 from worker.errors import JobFailure
-from worker.volumes import mount_volumes
+from worker.volumes import mount_volumes, sha256_file
 
 
 class Runner:
@@ -187,8 +187,18 @@ class Runner:
     def upload_checkpoint(self, folder: Path, step: int, remote: str, *, final: bool) -> None:
         files = sorted(p for p in folder.rglob("*") if p.is_file())
         relative = [p.relative_to(folder).as_posix() for p in files]
+        with ThreadPoolExecutor(4) as pool:
+            digests = list(pool.map(sha256_file, files))
+        # Signed with each file's sha256: the store refuses bytes that changed on the way.
         answer = self.api.call(
-            "POST", "/output-credentials", json={"paths": [f"{remote}/{r}" for r in relative]}
+            "POST",
+            "/output-credentials",
+            json={
+                "files": [
+                    {"path": f"{remote}/{r}", "sha256": d}
+                    for r, d in zip(relative, digests, strict=True)
+                ]
+            },
         )
         failures: dict[str, str] = {}
 
@@ -226,8 +236,8 @@ class Runner:
                 "step": step,
                 "final": final,
                 "files": [
-                    {"path": r, "size": p.stat().st_size}
-                    for r, p in zip(relative, files, strict=True)
+                    {"path": r, "size": p.stat().st_size, "sha256": d}
+                    for r, p, d in zip(relative, files, digests, strict=True)
                 ],
             },
         )

@@ -101,7 +101,7 @@ def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecut
     os.replace(partial, target)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1024 * 1024):
@@ -152,7 +152,7 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
                 problems[file["path"]] = "missing after sync"
             elif target.stat().st_size != file["size"]:
                 problems[file["path"]] = f"{target.stat().st_size} bytes, expected {file['size']}"
-            elif file.get("sha256") and _sha256(target) != file["sha256"]:
+            elif file.get("sha256") and sha256_file(target) != file["sha256"]:
                 problems[file["path"]] = "sha256 differs from the uploaded file's"
 
         list(pool.map(verify, volume["files"]))

@@ -160,7 +160,10 @@ def register_checkpoint(
             final=final,
             defaults={
                 "workspace": job.workspace,
-                "files": [{"path": f["path"], "size": f["size"]} for f in files],
+                "files": [
+                    {"path": f["path"], "size": f["size"], "sha256": f.get("sha256", "")}
+                    for f in files
+                ],
                 "size_bytes": sum(f["size"] for f in files),
             },
         )
@@ -253,15 +256,18 @@ def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
     return {"ttl_seconds": ttl, "volumes": volumes}
 
 
-def output_urls(*, job: TrainingJob, paths: list[str], ttl: int = 3600) -> list[dict]:
-    """Presigned PUTs for the worker's checkpoint and final-model files, each checked by
-    `validate_output_path` and by the store opened on the job's own folder."""
-    for index, path in enumerate(paths):
-        validate_output_path(path, field=f"paths.{index}")
+def output_urls(*, job: TrainingJob, files: list[dict], ttl: int = 3600) -> list[dict]:
+    """Presigned PUTs for the worker's checkpoint and final-model files (`{path, sha256}`), each
+    checked by `validate_output_path` and by the store opened on the job's own folder. With a
+    sha256 the store itself refuses other bytes."""
+    for index, file in enumerate(files):
+        validate_output_path(file["path"], field=f"paths.{index}")
     store, answer = store_for(job.output_prefix), []
-    for path in paths:
-        url, headers = store.presign_put(job.output_prefix.key(path), expires=ttl)
-        answer.append({"path": path, "url": url, "headers": headers})
+    for file in files:
+        url, headers = store.presign_put(
+            job.output_prefix.key(file["path"]), expires=ttl, sha256=file.get("sha256") or None
+        )
+        answer.append({"path": file["path"], "url": url, "headers": headers})
     return answer
 
 
