@@ -6,7 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from providers import catalog
-from providers.services import default_provider, is_usable
+from providers.services import default_provider, get_adapter, is_usable
 from veri.api import WorkspaceView
 from veri.errors import VeriError
 
@@ -31,6 +31,12 @@ GpuOut = inline_serializer(
         "max_count": serializers.IntegerField(),
         "price_per_gpu_hour_usd": serializers.CharField(),
         "regions": serializers.ListField(child=serializers.CharField()),
+        "available_regions": serializers.ListField(
+            child=serializers.CharField(),
+            allow_null=True,
+            required=False,
+            help_text="with ?provider=: regions with capacity now (null: it does not say)",
+        ),
     },
     many=True,
 )
@@ -72,17 +78,20 @@ class GpusView(WorkspaceView):
         default = default_provider()
         rows = []
         for spec in specs:
+            adapter = get_adapter(spec.name) if wanted and is_usable(spec.name) else None
             for gpu in spec.gpus:
-                rows.append(
-                    {
-                        "provider": spec.name,
-                        "usable": is_usable(spec.name),
-                        "default_provider": spec.name == default,
-                        "gpu_type": gpu.name,
-                        "memory_gb": gpu.memory_gb,
-                        "max_count": gpu.max_count,
-                        "price_per_gpu_hour_usd": gpu.price_per_gpu_hour,
-                        "regions": sorted(spec.zones),
-                    }
-                )
+                row = {
+                    "provider": spec.name,
+                    "usable": is_usable(spec.name),
+                    "default_provider": spec.name == default,
+                    "gpu_type": gpu.name,
+                    "memory_gb": gpu.memory_gb,
+                    "max_count": gpu.max_count,
+                    "price_per_gpu_hour_usd": gpu.price_per_gpu_hour,
+                    "regions": sorted(spec.zones),
+                }
+                if wanted:  # asked about one provider: what it says is free right now
+                    regions = adapter.available_regions(gpu.name) if adapter else []
+                    row["available_regions"] = None if regions is None else sorted(regions)
+                rows.append(row)
         return Response({"data": rows})

@@ -65,6 +65,11 @@ class ProviderAdapter:
         """Stop the instance and everything on it; terminating a gone instance is fine."""
         raise NotImplementedError
 
+    def available_regions(self, gpu_type: str) -> list[str] | None:
+        """Regions where `gpu_type` can launch right now, as the provider reports; None when it
+        does not say (capacity is then found out by launching)."""
+        return None
+
     def model_problem(self, base_model: str) -> str | None:
         """Why this provider's workers could not load the hub model `base_model`, or None.
         Rented machines reach the model hub."""

@@ -12,6 +12,8 @@ import httpx
 from django.conf import settings
 
 from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, ProviderAdapter
+from providers.catalog import local_provider
+from providers.models import Instance
 from veri.health import deployment_id
 
 HOST_SCRIPT = Path(__file__).with_name("local_host.py")
@@ -79,6 +81,13 @@ class LocalProvider(ProviderAdapter):
 
     def is_configured(self) -> bool:
         return True
+
+    def available_regions(self, gpu_type: str) -> list[str]:
+        """This machine runs jobs in any region while a slot is free."""
+        busy = Instance.objects.filter(provider="local", terminated_at__isnull=True).count()
+        if busy >= settings.VERI_LOCAL_SLOTS or local_provider().gpu(gpu_type) is None:
+            return []
+        return list(local_provider().zones)
 
     def model_problem(self, base_model: str) -> str | None:
         """A hub id must already be in this machine's model cache when workers are offline

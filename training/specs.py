@@ -267,7 +267,7 @@ def is_hub_id(value: object) -> bool:
     return isinstance(value, str) and bool(HUB_ID_RE.fullmatch(value))
 
 
-REWARD_DECORATORS = {"reward_function", "reward"}
+REWARD_DECORATORS = {"reward_function", "reward", "training_job"}
 
 
 def check_reward_source(source: str) -> None:

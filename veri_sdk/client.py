@@ -1,4 +1,5 @@
 from veri_sdk.billing import Billing
+from veri_sdk.catalog import Gpus, Regions
 from veri_sdk.config import resolve
 from veri_sdk.http import ApiTransport, StorageTransport
 from veri_sdk.training import Datasets, TrainingJobs
@@ -24,3 +25,5 @@ class Client:
         self.datasets = Datasets(self.api)
         self.training_jobs = TrainingJobs(self.api, storage)
         self.billing = Billing(self.api)
+        self.regions = Regions(self.api)
+        self.gpus = Gpus(self.api)

@@ -52,6 +52,66 @@ class ConnectionFailed(VeriAPIError):
     """The API could not be reached, even after retries."""
 
 
+class BillingAccountRequiredError(PaymentRequiredError):
+    pass
+
+
+class InsufficientBalanceError(PaymentRequiredError):
+    pass
+
+
+class InvalidPathError(BadRequestError):
+    pass
+
+
+class InvalidRewardError(BadRequestError):
+    pass
+
+
+class BaseModelUnavailableError(BadRequestError):
+    pass
+
+
+class ProviderNotConfiguredError(BadRequestError):
+    pass
+
+
+class MethodUnavailableError(BadRequestError):
+    pass
+
+
+class NothingToResumeError(BadRequestError):
+    pass
+
+
+class JobFinishedError(ConflictError):
+    pass
+
+
+class IdempotencyKeyReusedError(ConflictError):
+    pass
+
+
+class PaymentsDisabledError(ConflictError):
+    pass
+
+
+# The codes a caller most often handles get a class of their own; every other error is the class
+# of its HTTP status, with the code in `.code`.
+BY_CODE = {
+    "billing_account_required": BillingAccountRequiredError,
+    "insufficient_balance": InsufficientBalanceError,
+    "invalid_path": InvalidPathError,
+    "invalid_reward": InvalidRewardError,
+    "base_model_unavailable": BaseModelUnavailableError,
+    "provider_not_configured": ProviderNotConfiguredError,
+    "method_unavailable": MethodUnavailableError,
+    "nothing_to_resume": NothingToResumeError,
+    "job_finished": JobFinishedError,
+    "idempotency_key_reused": IdempotencyKeyReusedError,
+    "payments_disabled": PaymentsDisabledError,
+}
+
 BY_STATUS = {
     400: BadRequestError,
     401: AuthenticationError,
@@ -69,5 +129,5 @@ def error_from_body(status: int, body: dict | None) -> VeriAPIError:
         error = {"code": "http_error", "message": f"The API answered HTTP {status}."}
     error = dict(error)
     code, message = error.pop("code", "http_error"), error.pop("message", "")
-    cls = BY_STATUS.get(status, ServerError if status >= 500 else VeriAPIError)
+    cls = BY_CODE.get(code) or BY_STATUS.get(status, ServerError if status >= 500 else VeriAPIError)
     return cls(status, code, message, error.pop("field", None), **error)

@@ -1,10 +1,13 @@
 """HTTP with retries: connection errors, 5xx and 429 are retried with backoff; POSTs carry an
 Idempotency-Key that stays the same across the retries of one call."""
 
+import hashlib
+import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 
@@ -139,6 +142,39 @@ class StorageTransport:
                 f"the object store refused the upload (HTTP {response.status_code}): {reason}",
             )
         return response.headers.get("ETag", "").strip('"')
+
+    def download(self, url: str, target: Path) -> tuple[int, str]:
+        """Stream `url` into `target` (replaced whole, never left half-written); returns the
+        size and sha256 of what arrived. Retried like every call."""
+        partial = target.with_name(f".{target.name}.part")
+        for attempt in range(self.max_retries + 1):
+            digest, size = hashlib.sha256(), 0
+            try:
+                with self.http.stream("GET", url) as response:
+                    if response.status_code >= 300:
+                        if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                            time.sleep(backoff(attempt, response.headers.get("Retry-After")))
+                            continue
+                        raise ConnectionFailed(
+                            response.status_code,
+                            "storage_error",
+                            f"the object store refused the download (HTTP {response.status_code})",
+                        )
+                    with partial.open("wb") as out:
+                        for chunk in response.iter_bytes(1024 * 1024):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            size += len(chunk)
+            except httpx.TransportError as exc:
+                if attempt == self.max_retries:
+                    raise ConnectionFailed(
+                        0, "connection_failed", f"Could not reach the object store: {exc}"
+                    ) from exc
+                time.sleep(backoff(attempt))
+                continue
+            os.replace(partial, target)
+            return size, digest.hexdigest()
+        raise AssertionError("unreachable")
 
     def get(self, url: str) -> bytes:
         response = send_with_retries(

@@ -1,0 +1,167 @@
+"""The `veri` command. Exit codes: 0 success, 1 the request failed (message on stderr), 2 usage
+(including a job file that cannot be submitted as written)."""
+
+import argparse
+import sys
+
+from veri_sdk.cli import jobs, train, volumes
+from veri_sdk.cli.output import err
+from veri_sdk.client import Client
+from veri_sdk.errors import AuthenticationError, VeriAPIError
+from veri_sdk.http import LOGIN_HINT
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    return parser
+
+
+def _job_file_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--region", help="launch region (veri regions list)")
+    parser.add_argument("--gpu-type", dest="gpu_type", help="e.g. L4-24GB (veri gpu list)")
+    parser.add_argument("--provider", help="aws, vast, digitalocean, gcp or local")
+    parser.add_argument("--detach", action="store_true", help="submit and return at once")
+    parser.add_argument("--no-check", action="store_true", help="skip the local reward check")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="veri", description="Veri: managed LLM training.")
+    parser.add_argument("--api-url", help="default: VERI_API_URL, else `veri login`'s")
+    parser.add_argument("--api-key", help="default: VERI_API_KEY, else `veri login`'s")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    login = commands.add_parser("login", help="save the API URL and key to ~/.config/veri")
+    # SUPPRESS: the subcommand must not reset what was given before it (`veri --api-url U login`).
+    login.add_argument("--api-url", default=argparse.SUPPRESS, help="e.g. http://127.0.0.1:8000")
+    login.add_argument("--api-key", default=argparse.SUPPRESS, help="asked for when not given")
+    login.set_defaults(run=volumes.cmd_login, needs_client=False)
+
+    vol = commands.add_parser("volumes", help="named storage mounted into training jobs")
+    vc = vol.add_subparsers(dest="volumes_command", required=True)
+    create = vc.add_parser("create", help="create a volume (same name: returns the existing one)")
+    create.add_argument("name")
+    create.add_argument("--region")
+    create.set_defaults(run=volumes.cmd_volumes_create)
+    upload = vc.add_parser("upload", help="upload one file, with a progress bar")
+    upload.add_argument("name")
+    upload.add_argument("file")
+    upload.add_argument("--path", help="path inside the volume (default: the file's name)")
+    upload.set_defaults(run=volumes.cmd_volumes_upload)
+    upload_dir = vc.add_parser(
+        "upload-dir", help="upload a folder, 8 files at a time, skipping files already there"
+    )
+    upload_dir.add_argument("name")
+    upload_dir.add_argument("dir")
+    upload_dir.add_argument("--prefix", help="folder inside the volume to upload into")
+    upload_dir.set_defaults(run=volumes.cmd_volumes_upload_dir)
+    _json_flag(vc.add_parser("list", help="list volumes")).set_defaults(
+        run=volumes.cmd_volumes_list
+    )
+    ls = _json_flag(vc.add_parser("ls", help="list a volume's files"))
+    ls.add_argument("name")
+    ls.add_argument("--prefix")
+    ls.set_defaults(run=volumes.cmd_volumes_ls)
+    delete = vc.add_parser("delete", help="delete a volume and its files")
+    delete.add_argument("name")
+    delete.add_argument("--yes", action="store_true", help="do not ask for the name")
+    delete.set_defaults(run=volumes.cmd_volumes_delete)
+
+    ds = commands.add_parser("datasets", help="training data: a .jsonl, a hub dataset")
+    dc = ds.add_subparsers(dest="datasets_command", required=True)
+    ds_upload = dc.add_parser("upload", help="upload a .jsonl (checked for every method)")
+    ds_upload.add_argument("file")
+    ds_upload.add_argument("--name")
+    ds_upload.set_defaults(run=jobs.cmd_datasets_upload)
+    hf = dc.add_parser("connect-hf", help="a Hugging Face dataset the worker fetches")
+    hf.add_argument("repo", help="e.g. openai/gsm8k")
+    hf.add_argument("--split", default="train")
+    hf.add_argument("--revision", default="main")
+    hf.set_defaults(run=jobs.cmd_datasets_connect_hf)
+    _json_flag(dc.add_parser("list", help="list datasets")).set_defaults(run=jobs.cmd_datasets_list)
+
+    jb = commands.add_parser("jobs", help="training jobs")
+    jc = jb.add_subparsers(dest="jobs_command", required=True)
+    _json_flag(jc.add_parser("list", help="list jobs, newest first")).set_defaults(
+        run=jobs.cmd_jobs_list
+    )
+    get = _json_flag(jc.add_parser("get", help="one job: status, error, cost, refund"))
+    get.add_argument("id")
+    get.set_defaults(run=jobs.cmd_jobs_get)
+    logs = jc.add_parser("logs", help="the job's log so far (-f: follow it)")
+    logs.add_argument("id")
+    logs.add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    logs.set_defaults(run=jobs.cmd_jobs_logs)
+    cancel = jc.add_parser("cancel", help="cancel now (before running: not charged)")
+    cancel.add_argument("id")
+    cancel.set_defaults(run=jobs.cmd_jobs_cancel)
+    resume = jc.add_parser("resume", help="a new job from the newest (or given) checkpoint")
+    resume.add_argument("id")
+    resume.add_argument("--checkpoint", help="a ckpt_ id (default: the newest)")
+    resume.set_defaults(run=jobs.cmd_jobs_resume)
+    download = jc.add_parser("download", help="the final model into DIR/<job id>/")
+    download.add_argument("id")
+    download.add_argument("-o", "--output", default="./checkpoints")
+    download.set_defaults(run=jobs.cmd_jobs_download)
+    quote = _json_flag(jc.add_parser("quote", help="what a job file's job would cost"))
+    quote.add_argument("file", help='a TOML job (kind = "train") or a @training_job file')
+    quote.set_defaults(run=train.cmd_jobs_quote)
+
+    tr = commands.add_parser("train", help="check, submit and follow a @training_job reward")
+    tr.add_argument("file", help="a Python file with one @training_job(...) reward")
+    _job_file_options(tr)
+    tr.set_defaults(run=train.cmd_train)
+    run = commands.add_parser("run", help='check, submit and follow a TOML job (kind = "train")')
+    run.add_argument("file")
+    _job_file_options(run)
+    run.set_defaults(run=train.cmd_run)
+
+    rw = commands.add_parser("rewards", help="GRPO reward functions")
+    rc = rw.add_subparsers(dest="rewards_command", required=True)
+    rtest = rc.add_parser("test", help="run a reward on this machine on sample completions")
+    rtest.add_argument("file")
+    rtest.add_argument("--dataset", help="a .jsonl whose prompts (and completions) to use")
+    rtest.add_argument("-n", type=int, default=16, help="completions to score (default 16)")
+    rtest.set_defaults(run=train.cmd_rewards_test, needs_client=False)
+
+    rg = commands.add_parser("regions", help="launch regions")
+    rgc = rg.add_subparsers(dest="regions_command", required=True)
+    _json_flag(rgc.add_parser("list", help="default marked, coming soon flagged")).set_defaults(
+        run=jobs.cmd_regions_list
+    )
+    gpu = commands.add_parser("gpu", help="GPU types and prices")
+    gc = gpu.add_subparsers(dest="gpu_command", required=True)
+    gpu_list = _json_flag(gc.add_parser("list", help="the catalog (--provider: available now)"))
+    gpu_list.add_argument("--provider")
+    gpu_list.set_defaults(run=jobs.cmd_gpu_list)
+
+    billing = _json_flag(commands.add_parser("billing", help="balance and recent entries"))
+    billing.add_argument("--limit", type=int, default=20, help="entries to show (default 20)")
+    billing.set_defaults(run=jobs.cmd_billing)
+    bc = billing.add_subparsers(dest="billing_command")
+    top_up = bc.add_parser("top-up", help="a card payment page that adds AMOUNT USD")
+    top_up.add_argument("amount", help="in USD, e.g. 25")
+    top_up.set_defaults(run=jobs.cmd_billing_top_up)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # usage errors exit 2 here
+    try:
+        if getattr(args, "needs_client", True):
+            return args.run(args, Client(api_key=args.api_key, base_url=args.api_url))
+        return args.run(args, Client)
+    except train.BadConfig as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        return 2
+    except VeriAPIError as exc:
+        err.print(f"error: {exc.message}", highlight=False, markup=False)
+        if isinstance(exc, AuthenticationError) and exc.code != "missing_api_key":
+            err.print(f"To use another key, {LOGIN_HINT}.", highlight=False, markup=False)
+        return 1
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""`veri jobs …`, `veri datasets …`, `veri regions list`, `veri gpu list`, `veri billing`."""
+
+import time
+
+from veri_sdk.cli.output import err, out, print_json, table
+from veri_sdk.errors import NotFoundError
+from veri_sdk.training import TrainingJob
+
+NO_LOGS_YET = "[no logs available yet]"
+NEVER_UPLOADED = "log was never uploaded for this job"
+
+
+def show_job(job: TrainingJob) -> None:
+    rows = [
+        ("id", job.id),
+        ("status", job.status),
+        ("method", job.method),
+        ("base model", job.base_model),
+        ("last step", job.last_step if job.last_step is not None else "-"),
+        ("cost", f"{job.cost_usd} USD" if job.cost_usd is not None else "-"),
+        ("created", job.created_at),
+        ("finished", job.finished_at or "-"),
+    ]
+    if job.error:
+        error = job.error
+        rows.append(("error", f"{error['code']} ({error['attribution']}): {error['message']}"))
+    if job.refund:
+        rows.append(("refund", f"{job.refund['amount_usd']} USD, {job.refund['status']}"))
+    listing = table("", "", whole=("",))
+    for name, value in rows:
+        listing.add_row(name, str(value))
+    out.print(listing)
+
+
+def cmd_jobs_list(args, client) -> int:
+    jobs = list(client.training_jobs.list())
+    if args.json:
+        print_json([job.data for job in jobs])
+        return 0
+    listing = table(
+        "ID",
+        "STATUS",
+        "METHOD",
+        "BASE MODEL",
+        "STEP",
+        "COST (USD)",
+        "CREATED",
+        whole=("ID", "BASE MODEL"),
+    )
+    for job in jobs:
+        listing.add_row(
+            job.id,
+            job.status,
+            job.method,
+            job.base_model,
+            str(job.last_step if job.last_step is not None else "-"),
+            job.cost_usd or "-",
+            job.created_at,
+        )
+    out.print(listing)
+    return 0
+
+
+def cmd_jobs_get(args, client) -> int:
+    job = client.training_jobs.get(args.id)
+    if args.json:
+        print_json(job.data)
+    else:
+        show_job(job)
+    return 0
+
+
+def cmd_jobs_logs(args, client) -> int:
+    """Everything so far (`-f`: and what follows, until the job ends; Ctrl+C detaches). A job
+    with no line yet prints `[no logs available yet]`; a finished one whose log was never
+    uploaded fails, since none will ever come."""
+    jobs, after, printed = client.training_jobs, -1, 0
+    try:
+        while True:
+            page = jobs.logs(args.id, after=after)
+            for line in page["lines"]:
+                print(line["text"], flush=True)
+            printed += len(page["lines"])
+            after = page["next_seq"]
+            if len(page["lines"]) == 1000:
+                continue  # more pages right away
+            if page["finished"] or not args.follow:
+                break
+            time.sleep(1)
+    except KeyboardInterrupt:
+        return 0  # detached; the job goes on
+    if printed:
+        return 0
+    if not jobs.get(args.id).finished:
+        print(NO_LOGS_YET)
+        return 0
+    try:
+        text = jobs.full_log(args.id)
+    except NotFoundError:
+        err.print(f"error: {NEVER_UPLOADED}", highlight=False, markup=False)
+        return 1
+    print(text, end="")
+    return 0
+
+
+def cmd_jobs_cancel(args, client) -> int:
+    job = client.training_jobs.cancel(args.id)
+    out.print(f"{job.id} {job.status}; cost {job.cost_usd or '0.00'} USD")
+    return 0
+
+
+def cmd_jobs_resume(args, client) -> int:
+    job = client.training_jobs.resume(args.id, checkpoint_id=args.checkpoint)
+    out.print(f"Submitted {job.id}, continuing {args.id} from its checkpoint ({job.status}).")
+    return 0
+
+
+def cmd_jobs_download(args, client) -> int:
+    folder = client.training_jobs.download(args.id, output_dir=args.output)
+    out.print(f"Downloaded the final model of {args.id} to {folder}/ (sizes and sha256 checked).")
+    return 0
+
+
+def show_quote(quote: dict) -> None:
+    costs, seconds = quote["cost_usd"], quote["gpu_seconds"]
+    out.print(
+        f"{quote['gpu_count']}x {quote['gpu_type']} on {quote['provider']} in {quote['region']} "
+        f"at {quote['price_per_hour_usd']} USD/hour"
+    )
+    out.print(
+        f"GPU time {seconds['low'] // 60}-{seconds['high'] // 60} min "
+        f"(expected {seconds['expected'] // 60} min); cost {costs['low']}-{costs['high']} USD "
+        f"(expected {costs['expected']})"
+        + (f"; capped at {quote['max_cost_usd']} USD" if quote["max_cost_usd"] else "")
+    )
+    listing = table("ASSUMPTION", "VALUE")
+    for name, value in quote["assumptions"].items():
+        listing.add_row(name, str(value))
+    out.print(listing)
+
+
+def cmd_datasets_upload(args, client) -> int:
+    dataset = client.datasets.upload(args.file, name=args.name or "")
+    out.print(f"{dataset.id}  {dataset.row_count} rows  {dataset.name}")
+    return 0
+
+
+def cmd_datasets_connect_hf(args, client) -> int:
+    dataset = client.datasets.connect_hf(args.repo, split=args.split, revision=args.revision)
+    out.print(f"{dataset.id}  {args.repo} ({args.split}); the worker fetches it")
+    return 0
+
+
+def cmd_datasets_list(args, client) -> int:
+    datasets = [dataset.data for dataset in client.datasets.list()]
+    if args.json:
+        print_json(datasets)
+        return 0
+    listing = table("ID", "SOURCE", "NAME", "ROWS", "CREATED", whole=("ID", "NAME"))
+    for d in datasets:
+        rows = "-" if d["row_count"] is None else str(d["row_count"])
+        listing.add_row(d["id"], d["source"], d["name"], rows, d["created_at"])
+    out.print(listing)
+    return 0
+
+
+def cmd_regions_list(args, client) -> int:
+    regions = client.regions.list()
+    if args.json:
+        print_json(regions)
+        return 0
+    listing = table("REGION", "NAME", "", whole=("REGION",))
+    for region in regions:
+        note = "default" if region["default"] else ("coming soon" if region["coming_soon"] else "")
+        listing.add_row(region["code"], region["name"], note)
+    out.print(listing)
+    return 0
+
+
+def cmd_gpu_list(args, client) -> int:
+    gpus = client.gpus.list(provider=args.provider)
+    if args.json:
+        print_json(gpus)
+        return 0
+    columns = ["PROVIDER", "GPU", "MEMORY", "MAX", "USD/GPU-HOUR", "REGIONS"]
+    listing = table(*columns, "AVAILABLE NOW" if args.provider else "USABLE", whole=("REGIONS",))
+    for gpu in gpus:
+        if args.provider:
+            available = gpu.get("available_regions")
+            last = "unknown" if available is None else ", ".join(available) or "none"
+        else:
+            last = "yes" if gpu["usable"] else "no (not configured here)"
+        listing.add_row(
+            gpu["provider"],
+            gpu["gpu_type"],
+            f"{gpu['memory_gb']} GB",
+            str(gpu["max_count"]),
+            gpu["price_per_gpu_hour_usd"],
+            ", ".join(gpu["regions"]),
+            last,
+        )
+    out.print(listing)
+    return 0
+
+
+def cmd_billing(args, client) -> int:
+    balance = client.billing.get()
+    entries = client.billing.ledger(limit=args.limit)
+    if args.json:
+        print_json({"balance": balance.__dict__, "ledger": entries})
+        return 0
+    low = "  (low: below a day of recent spend)" if balance.low_balance else ""
+    out.print(f"Balance: {balance.balance_usd} USD{low}")
+    if not balance.payments_enabled:
+        out.print("Card top-ups are off on this deployment; an operator adds credit.")
+    listing = table(
+        "WHEN", "KIND", "AMOUNT (USD)", "JOB / VOLUME", "DESCRIPTION", whole=("JOB / VOLUME",)
+    )
+    for entry in entries:
+        listing.add_row(
+            entry["created_at"],
+            entry["kind"],
+            entry["amount_usd"],
+            entry["job_id"] or entry["volume_id"] or "",
+            entry["description"],
+        )
+    out.print(listing)
+    return 0
+
+
+def cmd_billing_top_up(args, client) -> int:
+    url = client.billing.top_up(args.amount)
+    out.print(f"Pay {args.amount} USD here; the balance grows once the payment goes through:")
+    out.print(url, soft_wrap=True)
+    return 0
+
+
+def failed(job: TrainingJob) -> int:
+    """Say how a job ended badly, as the API says it, and the exit code for it."""
+    if job.error:
+        err.print(
+            f"error: {job.id} failed: {job.error['code']} ({job.error['attribution']}): "
+            f"{job.error['message']}",
+            highlight=False,
+            markup=False,
+        )
+    else:
+        err.print(f"error: {job.id} ended {job.status}", highlight=False, markup=False)
+    return 1
