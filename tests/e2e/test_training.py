@@ -78,6 +78,11 @@ def platform(
     return start
 
 
+def client_for_workspace(api_client) -> str:
+    """The raw API key behind the test's client, for the SDK and the CLI."""
+    return api_client.raw_key
+
+
 def submit(api_client, rows, **fields) -> str:
     dataset = upload_dataset(api_client, rows)
     body = {"dataset_id": dataset["id"], "gpu_type": "cpu", "lora": FAST_LORA} | fields
@@ -393,3 +398,75 @@ def test_max_cost_stops_a_real_job_after_a_checkpoint_and_charges_the_cap(
     assert checkpoints and not any(c["final"] for c in checkpoints)
     newest = max(c["step"] for c in checkpoints)
     assert str(newest) in job.error_message  # the stop saved one at the step it stopped
+
+
+def test_the_seeds_submit_snippet_runs_as_written(
+    api_client, platform, tiny_model, tmp_path, capsys, live_server, monkeypatch
+):
+    """The managed-training page's snippet, with the tiny model from a volume and a local
+    dataset in place of the hub model: submit, wait() streaming the log, download()."""
+    platform()
+    key = client_for_workspace(api_client)
+    monkeypatch.setenv("VERI_API_URL", live_server.url)
+    monkeypatch.setenv("VERI_API_KEY", key)
+    (tmp_path / "math_reward.py").write_text(SHARE_OF_A)
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in GRPO_ROWS))
+    monkeypatch.chdir(tmp_path)
+
+    from veri_sdk import Client
+
+    client = Client()
+    dataset = client.datasets.upload("train.jsonl")
+    job = client.training_jobs.create(
+        base_model=TINY,
+        dataset_id=dataset.id,
+        reward_source=open("math_reward.py").read(),  # noqa: SIM115 - as the seed writes it
+        output_name="qwen-0.5b-math",
+        method="grpo",
+        hyperparameters={
+            "learning_rate": 1e-2,
+            "rollouts_per_prompt": 4,
+            "max_response_length": 16,
+            "kl_coef": 0.001,
+            "max_steps": 6,
+        },
+        gpu_type="cpu",
+        gpu_count=1,
+    )
+    capsys.readouterr()
+    job = job.wait(poll_interval=15)
+    streamed = capsys.readouterr().out
+    assert job.status == "completed", job.error
+    assert "step 6/6" in streamed and "[veri] training finished at step 6" in streamed
+    folder = job.download(output_dir="./checkpoints")
+    assert folder.resolve() == tmp_path / "checkpoints" / job.id
+    assert_loads_and_generates(folder, base=tiny_model)
+
+
+def test_veri_train_and_veri_run_take_a_job_from_file_to_trained_model(
+    api_client, platform, tiny_model, tmp_path, capsys, live_server, monkeypatch, workspace
+):
+    """One decorated reward and one command; and a shipped TOML config, as written."""
+    platform(VERI_LOCAL_SLOTS="2")
+    fill_volume(
+        workspace,
+        "demo-data",
+        {f"models/tiny-qwen2/{p.name}": p.read_bytes() for p in tiny_model.iterdir()},
+    )
+    monkeypatch.setenv("VERI_API_URL", live_server.url)
+    monkeypatch.setenv("VERI_API_KEY", client_for_workspace(api_client))
+    monkeypatch.chdir(tmp_path)
+    from veri_sdk.cli import main
+
+    capsys.readouterr()
+    assert main(["train", str(REPO / "examples" / "train_grpo.py")]) == 0
+    out = capsys.readouterr().out
+    assert "share_of_a is usable" in out and "completed at step 30" in out
+    [trained] = (tmp_path / "checkpoints").iterdir()
+    assert (trained / "adapter_config.json").is_file()
+
+    assert main(["run", str(REPO / "configs" / "sft.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "completed at step 20" in out
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 2
