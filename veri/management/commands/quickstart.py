@@ -96,6 +96,8 @@ class Command(BaseCommand):
             f"\nNext:\n  export VERI_API_URL=http://127.0.0.1:8000 VERI_API_KEY={api_key}\n"
             "  .venv/bin/python manage.py runserver & .venv/bin/python manage.py qcluster &\n"
             f"  .venv/bin/veri volumes ls {DEMO_VOLUME}\n"
+            "  .venv/bin/veri train examples/train_grpo.py   # one decorated reward, one command\n"
+            "  .venv/bin/veri billing\n"
             "  .venv/bin/python manage.py createsuperuser   # then open http://127.0.0.1:8000/admin/\n"
         )
 
