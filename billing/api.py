@@ -95,9 +95,9 @@ class StripeWebhookView(ValidatingView):
             paid = stripe_gateway.paid_checkout(
                 payload=request.body, signature=request.headers.get("Stripe-Signature")
             )
-        except stripe_gateway.BadSignature as exc:
+        except stripe_gateway.BadSignature:
             raise VeriError(
-                f"The webhook signature does not verify ({exc}).", code="invalid_signature"
+                "The webhook signature does not verify.", code="invalid_signature"
             ) from None
         if paid is not None:
             services.record_top_up(paid=paid)

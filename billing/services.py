@@ -347,17 +347,17 @@ MIN_TOP_UP_CENTS, MAX_TOP_UP_CENTS = 500, 1_000_000  # 5 to 10,000 USD
 
 def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
     """A Stripe Checkout URL for a top-up; the money arrives with the paid-checkout webhook."""
-    if not stripe_gateway.payments_enabled():
-        raise Conflict(
-            "Payments are disabled on this deployment (no Stripe key); an operator adds credit.",
-            code="payments_disabled",
-        )
     cents = micros_from_usd(amount_usd) // 10_000
     if not MIN_TOP_UP_CENTS <= cents <= MAX_TOP_UP_CENTS:
         raise VeriError(
             f"amount_usd must be from {usd(MIN_TOP_UP_CENTS * 10_000)} to "
             f"{usd(MAX_TOP_UP_CENTS * 10_000)}.",
             field="amount_usd",
+        )
+    if not stripe_gateway.payments_enabled():
+        raise Conflict(
+            "Payments are disabled on this deployment (no Stripe key); an operator adds credit.",
+            code="payments_disabled",
         )
     account = BillingAccount.objects.select_related("workspace").get(workspace=workspace)
     return stripe_gateway.checkout_url(

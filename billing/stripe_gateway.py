@@ -2,6 +2,8 @@
 edge, never the source of truth: top-ups arrive by signed webhook and become ledger entries; the
 ledger is mirrored to the Stripe customer balance. Off while `STRIPE_SECRET_KEY` is unset."""
 
+import json
+import re
 from dataclasses import dataclass
 
 import stripe
@@ -82,26 +84,52 @@ def checkout_url(
     return session.url
 
 
+EVENT_ID_RE = re.compile(r"evt_[A-Za-z0-9]{1,100}")
+WORKSPACE_ID_RE = re.compile(r"ws_[0-9a-z]{1,40}")
+MAX_EVENT_CENTS = 100_000_000  # a million dollars: more is not a top-up
+
+
 def paid_checkout(*, payload: bytes, signature: str | None) -> PaidCheckout | None:
-    """The paid top-up a webhook announces, or None for any other event (ignored). Raises
-    `BadSignature` unless the body carries our endpoint secret's signature."""
+    """The paid top-up a webhook announces, or None for any other event (acknowledged and
+    ignored, so Stripe does not resend it). Raises `BadSignature` unless the body carries our
+    endpoint secret's signature. Even signed, the body is read defensively: anything that is not
+    the shape of a paid Checkout session is ignored, never a crash."""
+    secret = settings.STRIPE_WEBHOOK_SECRET
     try:
-        event = stripe.Webhook.construct_event(
-            payload, signature, settings.STRIPE_WEBHOOK_SECRET or ""
+        if not secret:
+            raise stripe.SignatureVerificationError("no secret", signature)
+        stripe.WebhookSignature.verify_header(
+            payload.decode("utf-8"), signature, secret, stripe.Webhook.DEFAULT_TOLERANCE
         )
-    except (stripe.SignatureVerificationError, ValueError) as exc:
-        raise BadSignature(str(exc)) from None
-    if event.type != "checkout.session.completed":
+        event = json.loads(payload)
+    except (stripe.SignatureVerificationError, ValueError, RecursionError):
+        raise BadSignature("the signature does not verify") from None
+    session = _dig(event, "data", "object")
+    if not isinstance(event, dict) or event.get("type") != "checkout.session.completed":
         return None
-    session = event.data.object.to_dict()
-    if session.get("payment_status") != "paid":
+    if session is None or session.get("payment_status") != "paid":
         return None
-    workspace_id = (session.get("metadata") or {}).get("workspace") or session.get(
-        "client_reference_id"
-    )
-    if not workspace_id or not isinstance(session.get("amount_total"), int):
+    metadata = session.get("metadata") if isinstance(session.get("metadata"), dict) else {}
+    workspace_id = metadata.get("workspace") or session.get("client_reference_id")
+    amount = session.get("amount_total")
+    event_id = event.get("id")
+    if (
+        not isinstance(event_id, str)
+        or not EVENT_ID_RE.fullmatch(event_id)
+        or not isinstance(workspace_id, str)
+        or not WORKSPACE_ID_RE.fullmatch(workspace_id)
+        or isinstance(amount, bool)
+        or not isinstance(amount, int)
+        or not 0 < amount <= MAX_EVENT_CENTS
+    ):
         return None
-    return PaidCheckout(event.id, workspace_id, session["amount_total"])
+    return PaidCheckout(event_id, workspace_id, amount)
+
+
+def _dig(value, *keys: str) -> dict | None:
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def mirror_entry(*, account: BillingAccount, entry: LedgerEntry) -> str:

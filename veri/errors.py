@@ -2,6 +2,7 @@
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -82,6 +83,7 @@ def exception_handler(exc, context):
     return response  # None: a bug; it 500s (as JSON, see server_error) and reaches the logs
 
 
+@csrf_exempt  # unknown routes answer 404 in JSON for every method, not Django's CSRF page
 def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse(NotFound(f"No route {request.path}.").as_body(), status=404)
 

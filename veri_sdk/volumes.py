@@ -6,7 +6,7 @@ import base64
 import hashlib
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -18,6 +18,9 @@ CHUNK = 1024 * 1024
 # previous completion overlap the transfers.
 BATCH = 200
 MAX_PARALLEL = 8
+# From this size a file goes up on its own (hash, start, send, complete) as soon as it is hashed,
+# so hashing one large file overlaps sending another; smaller ones go in batch calls.
+LARGE_FILE = 8 * 1024**2
 
 OnBytes = Callable[[int], None]
 
@@ -131,6 +134,7 @@ class Volumes:
         *,
         path: str | None = None,
         on_bytes: OnBytes | None = None,
+        on_total: Callable[[int], None] | None = None,
     ) -> VolumeFile | None:
         """Upload one file (multipart with parallel parts above the server's threshold).
         Returns None when the same size and sha256 were already stored at that path."""
@@ -143,6 +147,8 @@ class Volumes:
         answer = self.api.request("POST", f"/volumes/{volume}/files", json=announced)
         if answer.get("skipped"):
             return None
+        if on_total:
+            on_total(announced["size"])
         with ThreadPoolExecutor(MAX_PARALLEL) as pool:
             completions, failures = self._transfer(
                 pool, [answer], {answer["path"]: local}, on_bytes
@@ -174,13 +180,34 @@ class Volumes:
             for p in local_files
         }
         result, failures = UploadDirResult([], [], 0), {}
+        large = {path: p for path, p in by_path.items() if p.stat().st_size >= LARGE_FILE}
+        with ThreadPoolExecutor(max_parallel) as pool:
+            uploads = {
+                pool.submit(
+                    self.upload_file, volume, local, path=path, on_bytes=on_bytes, on_total=on_total
+                ): path
+                for path, local in large.items()
+            }
+            for future in as_completed(uploads):
+                path = uploads[future]
+                try:
+                    file = future.result()
+                except VeriAPIError as exc:
+                    failures[path] = exc.message
+                    continue
+                if file is None:
+                    result.skipped.append(path)
+                else:
+                    result.uploaded.append(path)
+                    result.bytes_uploaded += file.size
+        small = {path: p for path, p in by_path.items() if path not in large}
         # API calls go through their own thread, so the next batch's start and the previous
         # batch's completion overlap with the transfers instead of waiting between them.
         with ThreadPoolExecutor(max_parallel) as pool, ThreadPoolExecutor(1) as control:
-            hashes = pool.map(sha256_file, by_path.values())
+            hashes = pool.map(sha256_file, small.values())
             announced = [
                 {"path": path, "size": local.stat().st_size, "sha256": digest}
-                for (path, local), digest in zip(by_path.items(), hashes, strict=True)
+                for (path, local), digest in zip(small.items(), hashes, strict=True)
             ]
             batches = [announced[i : i + BATCH] for i in range(0, len(announced), BATCH)]
 

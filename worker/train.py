@@ -66,8 +66,9 @@ def load_rows(spec: dict) -> list[dict]:
     if data["source"] == "hf":
         from datasets import load_dataset
 
-        if os.path.exists(data["repo"]):  # `datasets` would read a local folder by that name
-            raise JobFailure("config_error", f"{data['repo']!r} is a path, not a dataset id")
+        # `datasets` would read a local folder of that name, or local files with `json`, `csv`…
+        if os.path.exists(data["repo"]) or "/" not in data["repo"]:
+            raise JobFailure("config_error", f"{data['repo']!r} is not an owner/name dataset id")
         try:
             loaded = load_dataset(data["repo"], split=data["split"], revision=data["revision"])
         except Exception as exc:

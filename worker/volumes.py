@@ -179,4 +179,6 @@ def mount_volumes(api: ControlPlane, root: Path, say, free_override: int | None 
         return {}
     root.mkdir(parents=True, exist_ok=True)
     check_disk(volumes, root, free_override)
-    return {v["name"]: sync_volume(api, v, root, say) for v in volumes}
+    mounts = {v["name"]: sync_volume(api, v, root, say) for v in volumes}
+    # A job may name a volume by its id too (volume://vol_…/…).
+    return mounts | {v["id"]: mounts[v["name"]] for v in volumes}

@@ -230,6 +230,26 @@ def test_submit_needs_a_balance_that_covers_the_first_hour(api_client, dataset, 
     assert not TrainingJob.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        b'{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 0}',
+        b'{"hidden_size": 1' + b"0" * 400 + b', "num_hidden_layers": 2}',
+        b'{"hidden_size": 1e308, "num_hidden_layers": 1e308}',
+        b'{"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 1e400}',
+        b'{"hidden_size": -64, "num_hidden_layers": 2}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=["zero-heads", "huge", "inf", "overflow", "negative", "deep"],
+)
+def test_a_quote_survives_a_hostile_model_config(api_client, dataset, cloud, billed, config):
+    fill_volume(billed, "models", {"odd/config.json": config})
+    body = job_body(dataset, base_model="volume://models/odd")
+    quote = api_client.post("/v1/training_jobs/quote", body, format="json")
+    assert quote.status_code == 200, quote.content
+    assert quote.json()["assumptions"]["parameters_source"] == "unknown: assumed 1B"
+
+
 def test_a_quote_rents_nothing_and_states_its_assumptions(api_client, dataset, cloud, billed):
     fill_volume(
         billed,

@@ -112,6 +112,35 @@ def test_an_old_signature_is_refused(client, billed, stripe_api):
     assert_error(webhook(client, payload, stale), 400, "invalid_signature")
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[1, 2]",
+        b"null",
+        b'{"id": "evt_9", "type": "checkout.session.completed"}',
+        b'{"id": "evt_9", "type": "checkout.session.completed", "data": {"object": [1]}}',
+        b'{"type": "checkout.session.completed", "data": {"object": {"payment_status": "paid",'
+        b' "amount_total": 100, "metadata": "x", "client_reference_id": "ws_a"}}}',
+        b'{"id": "evt_9", "type": "checkout.session.completed", "data": {"object": {'
+        b'"payment_status": "paid", "amount_total": true, "client_reference_id": "ws_a"}}}',
+        b'{"id": "evt_9", "type": "checkout.session.completed", "data": {"object": {'
+        b'"payment_status": "paid", "amount_total": 4611686018427387904,'
+        b' "client_reference_id": "ws_a"}}}',
+        b'{"id": "' + b"evt_" + b"x" * 5000 + b'", "type": "checkout.session.completed"}',
+    ],
+    ids=["list", "null", "no-data", "object-list", "no-id", "bool-amount", "huge", "long-id"],
+)
+def test_signed_events_of_another_shape_are_ignored_not_a_crash(client, billed, stripe_api, body):
+    entries = LedgerEntry.objects.count()
+    answer = webhook(client, body, signed(body))
+    assert answer.status_code == 200 and LedgerEntry.objects.count() == entries
+
+
+def test_a_signed_body_nested_too_deeply_is_refused(client, billed, stripe_api):
+    body = b"[" * 100_000 + b"]" * 100_000
+    assert_error(webhook(client, body, signed(body)), 400, "invalid_signature")
+
+
 def test_unknown_event_types_are_acknowledged_and_ignored(client, billed, stripe_api):
     entries = LedgerEntry.objects.count()
     payload = json.dumps(

@@ -29,6 +29,10 @@ HOSTILE_PATHS = [
     "data/" + "y" * 300,
     "c1/a\u0085b",  # a C1 control character
     "evil\u202egnp.txt",  # a right-to-left override: shows as evil.png
+    "a\u061cb",  # an Arabic letter mark (a text-direction mark too)
+    "a\u2028b",  # a line separator
+    "\ufeffa.txt",  # a byte-order mark
+    "soft\u00adhyphen",
 ]
 
 

@@ -154,8 +154,10 @@ def test_cancel_racing_running_ends_in_one_terminal_state(submit, cloud):
 
         try:
             in_threads(2, act)
-        except AssertionError as exc:  # the loser may find the job already cancelled
-            assert "InvalidTransition" in str(exc) or "cannot become" in str(exc)
+        except AssertionError as exc:  # the loser finds the job already cancelled, or finished
+            assert any(
+                reason in str(exc) for reason in ("InvalidTransition", "cannot become", "already")
+            )
         job.refresh_from_db()
         assert job.status in {S.CANCELLED, S.COMPLETED}
         assert len([e for e in events(job) if e in TERMINAL]) == 1

@@ -14,6 +14,14 @@ from veri.models import ApiKey, Workspace
 pytestmark = pytest.mark.django_db
 
 
+def test_unknown_routes_answer_json_404_for_every_method(api_client):
+    for method in ("post", "put", "patch", "delete"):
+        answer = getattr(Client(enforce_csrf_checks=True), method)("/v1/nope")
+        assert (answer.status_code, answer["Content-Type"]) == (404, "application/json")
+    answer = Client(enforce_csrf_checks=True).post("/v1/billing/stripe/webhook/")  # a stray "/"
+    assert answer.json()["error"]["code"] == "not_found"
+
+
 def test_unknown_routes_answer_json_404(api_client):
     for url in ["/v1/nope", "/v1/volumes/x/y/z/w", "/v1/"]:
         assert_error(api_client.get(url), 404, "not_found")

@@ -144,7 +144,7 @@ def test_cursors_that_no_database_could_take_are_400(api_client, workspace):
 
 
 @pytest.mark.parametrize(
-    "repo", [".veri/store", "/tmp", "..", "../x", "a/b/c", "./data", "~/x", "a b"]
+    "repo", [".veri/store", "/tmp", "..", "../x", "a/b/c", "./data", "~/x", "a b", "json", "csv"]
 )
 def test_a_hugging_face_dataset_is_an_id_never_a_path(api_client, billed, repo):
     answer = api_client.post("/v1/datasets", {"source": "hf", "repo": repo}, format="json")
@@ -284,3 +284,18 @@ def test_empty_batches_are_400(api_client, workspace):
         answer = api_client.post(f"/v1/volumes/{volume.public_id}/{action}", body, format="json")
         assert_error(answer, 400, "invalid_request")
     assert Upload.objects.filter(volume=volume).count() == 1
+
+
+def test_cursors_are_sealed_and_tell_nothing_of_other_workspaces(api_client, workspace):
+    """A cursor holding a row's id would let a workspace count every other's rows over time."""
+    for name in ("a", "b", "c"):
+        fill_volume(workspace, name, {"x.txt": b"x"})
+    cursor = api_client.get("/v1/volumes", {"limit": 1}).json()["next_cursor"]
+    again = api_client.get("/v1/volumes", {"limit": 1}).json()["next_cursor"]
+    assert cursor != again  # the same position, sealed afresh: no id shows through
+    raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    with pytest.raises(ValueError):
+        json.loads(raw)
+    assert api_client.get("/v1/volumes", {"cursor": cursor, "limit": 1}).status_code == 200
+    forged = cursor[:-2] + ("A" if cursor[-2] != "A" else "B") + cursor[-1]
+    assert_error(api_client.get("/v1/volumes", {"cursor": forged}), 400, "invalid_cursor")

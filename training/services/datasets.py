@@ -57,9 +57,9 @@ def create_hf_dataset(
 ) -> Dataset:
     """Recorded only: the worker fetches it (the control plane never downloads from a hub).
     The repo is a hub id and never a path, so no worker is pointed at a folder of its machine."""
-    if not specs.is_hub_id(repo):
+    if not specs.is_hub_id(repo) or "/" not in repo:  # `json`, `csv`: loaders of local files
         raise VeriError(
-            "repo must be a Hugging Face dataset id like 'openai/gsm8k'.",
+            "repo must be a Hugging Face dataset id like 'openai/gsm8k' (owner/name).",
             field="repo",
             code="invalid_dataset",
         )

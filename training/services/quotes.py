@@ -21,13 +21,23 @@ LOW, HIGH = 0.7, 2.0
 SIZE_IN_NAME = re.compile(r"(\d+(?:\.\d+)?)\s*([bm])\b", re.IGNORECASE)
 
 
+def _size(config: dict, key: str, default: int | None = None) -> int:
+    """A whole, positive size from a model config, or ValueError (it is the customer's file)."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 10**7:
+        raise ValueError(f"{key} is not a size")
+    return value
+
+
 def parameters_from_config(config: dict) -> int:
     """A decoder's parameter count from its `config.json` (embeddings, attention, MLP)."""
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
-    vocab = config.get("vocab_size", 32_000)
-    intermediate = config.get("intermediate_size", 4 * hidden)
-    heads = config.get("num_attention_heads", 1)
-    kv = config.get("num_key_value_heads", heads)
+    if not isinstance(config, dict):
+        raise ValueError("not an object")
+    hidden, layers = _size(config, "hidden_size"), _size(config, "num_hidden_layers")
+    vocab = _size(config, "vocab_size", 32_000)
+    intermediate = _size(config, "intermediate_size", 4 * hidden)
+    heads = _size(config, "num_attention_heads", 1)
+    kv = min(_size(config, "num_key_value_heads", heads), heads)
     attention = 2 * hidden * hidden + 2 * hidden * (hidden * kv // heads)
     embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
     return int(embeddings + layers * (attention + 3 * hidden * intermediate))
@@ -44,8 +54,8 @@ def _model_size(plan: Plan) -> tuple[int, str]:
             try:
                 config = json.loads(store_for(volume.store_prefix).get_bytes(file.object_key))
                 return parameters_from_config(config), f"from {base}/config.json"
-            except (StoreError, ValueError, KeyError, TypeError):
-                pass
+            except (StoreError, ValueError, RecursionError):
+                pass  # not a config we can read: the name, or the default, below
     if match := SIZE_IN_NAME.search(base.rsplit("/", 1)[-1]):
         scale = 1e9 if match.group(2).lower() == "b" else 1e6
         return int(float(match.group(1)) * scale), f"from the name {base!r}"

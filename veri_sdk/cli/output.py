@@ -14,9 +14,9 @@ from rich.progress import (
 )
 from rich.table import Column, Table
 
-# Piped or redirected, tables are printed whole (nothing wrapped or cut) for scripts to read.
+# Piped or redirected, tables and messages are printed whole (nothing wrapped or cut).
 out = Console(width=None if sys.stdout.isatty() else 10_000)
-err = Console(stderr=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000)
 
 
 def table(*columns: str, whole: tuple[str, ...] = ()) -> Table:

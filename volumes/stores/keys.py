@@ -15,8 +15,10 @@ from volumes.stores.base import StoreError
 
 MAX_PATH_BYTES = 900  # the key adds ~100 bytes of prefix; S3 allows 1,024
 MAX_SEGMENT_BYTES = 255  # a file name on the local store's filesystem
-# Characters that reorder how a path is displayed (`evil\u202egnp.exe`): refused like controls.
-BIDI_CONTROLS = set("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# Control and format characters (text-direction marks like `evil\u202egnp.exe`, zero-width and
+# soft hyphens, byte-order marks) and line or paragraph separators: invisible, or displayed other
+# than stored, so refused in paths.
+REFUSED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
@@ -47,8 +49,8 @@ def _plain_path_problem(path: str) -> str | None:
         size = len(path.encode())
     except UnicodeEncodeError:
         return "it is not valid Unicode (a lone surrogate)"
-    if any(unicodedata.category(c) == "Cc" or c in BIDI_CONTROLS for c in path):
-        return "it contains a NUL, control or text-direction character"
+    if any(unicodedata.category(c) in REFUSED_CATEGORIES for c in path):
+        return "it contains a NUL, control, invisible or text-direction character"
     if "\\" in path:
         return "it contains a backslash"
     if path.startswith("/"):
