@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
@@ -21,6 +22,9 @@ MAX_PARALLEL = 8
 # From this size a file goes up on its own (hash, start, send, complete) as soon as it is hashed,
 # so hashing one large file overlaps sending another; smaller ones go in batch calls.
 LARGE_FILE = 8 * 1024**2
+# Hashing is CPU work: one file per core at a time, so the first hashed file starts sending
+# while the next ones hash, instead of every file finishing its hash at the same moment.
+HASHING = threading.BoundedSemaphore(os.cpu_count() or 2)
 
 OnBytes = Callable[[int], None]
 
@@ -68,7 +72,7 @@ def _from(cls, data: dict):
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with HASHING, path.open("rb") as f:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -201,9 +205,9 @@ class Volumes:
                     result.uploaded.append(path)
                     result.bytes_uploaded += file.size
         small = {path: p for path, p in by_path.items() if path not in large}
-        # API calls go through their own thread, so the next batch's start and the previous
-        # batch's completion overlap with the transfers instead of waiting between them.
-        with ThreadPoolExecutor(max_parallel) as pool, ThreadPoolExecutor(1) as control:
+        # API calls go through their own two threads, so the next batch's start and the previous
+        # batch's completion overlap each other and the transfers instead of waiting in line.
+        with ThreadPoolExecutor(max_parallel) as pool, ThreadPoolExecutor(2) as control:
             hashes = pool.map(sha256_file, small.values())
             announced = [
                 {"path": path, "size": local.stat().st_size, "sha256": digest}
