@@ -15,7 +15,7 @@ from rest_framework.response import Response
 
 from billing.services import usd
 from training import selectors
-from training.models import Checkpoint, Dataset, JobEvent, MetricPoint, TrainingJob
+from training.models import Checkpoint, Dataset, JobEvent, MetricPoint, Sample, TrainingJob
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
@@ -147,6 +147,12 @@ class MetricOut(serializers.ModelSerializer):
     class Meta:
         model = MetricPoint
         fields = ["step", "at", "values"]
+
+
+class SampleOut(serializers.ModelSerializer):
+    class Meta:
+        model = Sample
+        fields = ["step", "index", "prompt", "completion", "reward", "rewards", "at"]
 
 
 class CheckpointOut(serializers.ModelSerializer):
@@ -474,4 +480,13 @@ class CheckpointsView(JobScopedView):
     def get(self, request: Request, job_id: str) -> Response:
         return paginate(
             request, selectors.list_checkpoints(job=self.job(job_id)), CheckpointOut, order_by="pk"
+        )
+
+
+class SamplesView(JobScopedView):
+    @list_schema(SampleOut, name="SamplePage", operation_id="training_jobs_samples_list")
+    def get(self, request: Request, job_id: str) -> Response:
+        """GRPO: completions the worker sampled every few steps, with each reward."""
+        return paginate(
+            request, selectors.list_samples(job=self.job(job_id)), SampleOut, order_by="pk"
         )

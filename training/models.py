@@ -170,6 +170,27 @@ class MetricPoint(models.Model):
         return f"{self.job_id}@{self.step}"
 
 
+class Sample(models.Model):
+    """A GRPO completion the worker sent with its reward, every few steps (the Samples tab)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="samples")
+    step = models.PositiveIntegerField()
+    index = models.PositiveSmallIntegerField()
+    prompt = models.TextField()
+    completion = models.TextField()
+    reward = models.FloatField()
+    rewards = models.JSONField(default=dict)  # each reward function's score
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "step", "index"], name="one_sample_per_slot")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.step}#{self.index}"
+
+
 class Checkpoint(models.Model):
     public_id = public_id_field("ckpt")
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="checkpoints")

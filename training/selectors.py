@@ -2,7 +2,15 @@
 
 from django.db.models import QuerySet
 
-from training.models import Checkpoint, Dataset, JobEvent, LogChunk, MetricPoint, TrainingJob
+from training.models import (
+    Checkpoint,
+    Dataset,
+    JobEvent,
+    LogChunk,
+    MetricPoint,
+    Sample,
+    TrainingJob,
+)
 from veri.errors import NotFound
 from veri.models import Workspace
 
@@ -41,6 +49,10 @@ def list_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
 
 def list_metrics(*, job: TrainingJob) -> QuerySet[MetricPoint]:
     return MetricPoint.objects.filter(job=job)
+
+
+def list_samples(*, job: TrainingJob) -> QuerySet[Sample]:
+    return Sample.objects.filter(job=job)
 
 
 def list_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:

@@ -28,6 +28,7 @@ MAX_CHECKPOINT_STEP = 10**8 - 1  # checkpoint folders are step-NNNNNNNN
 MAX_SEQ = 2**63 - 1
 MAX_LINE_CHARS = 16_384
 MAX_MESSAGE_CHARS = 10_000
+MAX_SAMPLE_CHARS = 2_000
 METRIC_NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
 EXAMPLE_SHA256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
@@ -192,6 +193,25 @@ class WorkerLogsView(WorkerView):
     def post(self, request: Request, job_id: str) -> Response:
         lines = self.validated(self.WorkerLogsIn, request.data)["lines"]
         return _ok(self.job, added=worker_services.append_logs(job=self.job, lines=lines))
+
+
+class SampleIn(serializers.Serializer):
+    step = serializers.IntegerField(min_value=0, max_value=MAX_STEP)
+    index = serializers.IntegerField(min_value=0, max_value=63)
+    prompt = LossyText(limit=MAX_SAMPLE_CHARS)
+    completion = LossyText(limit=MAX_SAMPLE_CHARS)
+    reward = serializers.FloatField()
+    rewards = MetricValues(required=False, default=dict)
+
+
+class WorkerSamplesView(WorkerView):
+    class WorkerSamplesIn(serializers.Serializer):
+        samples = SampleIn(many=True, max_length=64)
+
+    @extend_schema(request=WorkerSamplesIn, responses={200: AckAdded})
+    def post(self, request: Request, job_id: str) -> Response:
+        samples = self.validated(self.WorkerSamplesIn, request.data)["samples"]
+        return _ok(self.job, added=worker_services.record_samples(job=self.job, samples=samples))
 
 
 class WorkerMetricsView(WorkerView):

@@ -214,4 +214,10 @@ STRIPE_API_BASE = env("STRIPE_API_BASE") or ""  # tests point it at a fake; empt
 VERI_STORAGE_PRICE_PER_GIB_MONTH = env("VERI_STORAGE_PRICE_PER_GIB_MONTH", "0.07")
 VERI_STOP_GRACE_SECONDS = int(env("VERI_STOP_GRACE_SECONDS", "120"))
 VERI_BALANCE_GRACE_SECONDS = int(env("VERI_BALANCE_GRACE_SECONDS", "300"))
+# GRPO alarms (job events): the reward flat for N steps, KL past a threshold and rising,
+# every sampled completion of N sampled steps the same.
+VERI_ALARM_FLAT_STEPS = int(env("VERI_ALARM_FLAT_STEPS", "20"))
+VERI_ALARM_FLAT_SPREAD = float(env("VERI_ALARM_FLAT_SPREAD", "0.000001"))
+VERI_ALARM_KL_MAX = float(env("VERI_ALARM_KL_MAX", "1.0"))
+VERI_ALARM_COLLAPSED_STEPS = int(env("VERI_ALARM_COLLAPSED_STEPS", "3"))
 VERI_JOB_TOKEN_TTL_SECONDS = int(env("VERI_JOB_TOKEN_TTL_SECONDS", str(14 * 24 * 3600)))

@@ -71,6 +71,7 @@ class Shipper:
         self.on_stop = on_stop  # called once with {code, message} when the control plane asks
         self.lines: deque = deque()
         self.points: list[dict] = []
+        self.sampled: list[dict] = []
         self.seq, self.step, self.dropped = 0, None, 0
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -95,6 +96,10 @@ class Shipper:
             self.points.append({"step": step, "values": values})
             self.step = max(self.step or 0, step)
 
+    def samples(self, step: int, samples: list[dict]) -> None:
+        with self.lock:
+            self.sampled += [{"step": step, **sample} for sample in samples]
+
     def set_step(self, step: int) -> None:
         with self.lock:
             self.step = max(self.step or 0, step)
@@ -109,6 +114,7 @@ class Shipper:
                     break
                 lines.append(line)
             points = self.points[:2000]
+            sampled = self.sampled[:64]
         try:
             if lines:
                 self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)
@@ -119,6 +125,10 @@ class Shipper:
                 self.api.call("POST", "/metrics", json={"points": points}, attempts=1)
                 with self.lock:
                     del self.points[: len(points)]
+            if sampled:
+                self.api.call("POST", "/samples", json={"samples": sampled}, attempts=1)
+                with self.lock:
+                    del self.sampled[: len(sampled)]
             if time.monotonic() - self.last_heartbeat >= self.heartbeat_interval:
                 answer = self.api.call("POST", "/heartbeat", json={"step": self.step}, attempts=1)
                 self.last_heartbeat = time.monotonic()
@@ -130,7 +140,7 @@ class Shipper:
                 raise  # the job is gone or the batch is refused: retrying cannot help
             return False
         with self.lock:
-            return not self.lines and not self.points
+            return not self.lines and not self.points and not self.sampled
 
     def _loop(self) -> None:
         while not self.stopping.wait(self.interval):

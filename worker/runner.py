@@ -171,6 +171,8 @@ class Runner:
             self.shipper.set_step(event["step"])
         elif kind == "metrics":
             self.shipper.metrics(event["step"], event["values"])
+        elif kind == "samples":
+            self.shipper.samples(event["step"], event["samples"])
         elif kind == "checkpoint":
             try:
                 self.upload_checkpoint(

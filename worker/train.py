@@ -31,8 +31,53 @@ class Events:
             self.stream.flush()
 
 
-def load_reward(source: str):
-    """The customer's reward: `reward(...)`, or a function marked with @reward_function."""
+SAMPLES_PER_STEP = 4
+SAMPLE_CHARS = 2000
+
+
+def as_text(value) -> str:
+    """A prompt or completion as text: a message list shows its last message's content."""
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        return str(value[-1].get("content", ""))
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+class SampleRecorder:
+    """Every `every` steps, the first few completions of a step with each reward function's
+    score and their total: what the Samples tab shows. The reward functions are called one
+    after another on the same completions; the sample is sent once all have scored them."""
+
+    def __init__(self, events: Events, every: int):
+        self.events, self.every = events, max(1, every)
+        self.names: list[str] = []  # set by load_rewards
+        self.step, self.scores, self.sent = 0, {}, set()
+
+    def record(self, name: str, prompts, completions, scores: list[float]) -> None:
+        if self.step % self.every or self.step in self.sent:
+            return
+        self.scores[name] = scores
+        if set(self.scores) != set(self.names):
+            return
+        samples = []
+        for index in range(min(SAMPLES_PER_STEP, len(completions))):
+            rewards = {n: self.scores[n][index] for n in self.names}
+            samples.append(
+                {
+                    "index": index,
+                    "prompt": as_text(prompts[index])[:SAMPLE_CHARS],
+                    "completion": as_text(completions[index])[:SAMPLE_CHARS],
+                    "reward": sum(rewards.values()),
+                    "rewards": rewards,
+                }
+            )
+        self.events.emit("samples", step=self.step, samples=samples)
+        self.sent.add(self.step)
+        self.scores = {}
+
+
+def load_rewards(source: str, recorder: SampleRecorder | None = None) -> list:
+    """The customer's reward functions: every one marked with @reward_function (or
+    @training_job), else `reward(...)`. TRL adds their scores; each is logged on its own."""
     namespace = {"__name__": "veri_reward"}
     try:
         exec(compile(source, "reward.py", "exec"), namespace)  # customer code, on the worker only
@@ -40,24 +85,34 @@ def load_reward(source: str):
         raise JobFailure(
             "dependency_error", f"the reward source imports a missing package: {exc}"
         ) from exc
-    candidates = [
+    functions = [
         v for v in namespace.values() if callable(v) and getattr(v, "__veri_reward__", False)
-    ]
-    function = namespace.get("reward") or (candidates[0] if candidates else None)
-    if function is None:
+    ] or ([namespace["reward"]] if callable(namespace.get("reward")) else [])
+    if not functions:
         raise JobFailure("config_error", "reward_source defines no `reward` function")
+    names = [getattr(f, "__name__", "reward") for f in functions]
+    if recorder:
+        recorder.names = names
+    return [_scored(f, name, recorder) for f, name in zip(functions, names, strict=True)]
 
+
+def _scored(function, name: str, recorder: SampleRecorder | None):
     def reward_func(prompts, completions, **kwargs):
         try:
-            scores = function(prompts=prompts, completions=completions, **kwargs)
-            return [float(score) for score in scores]
+            scores = [
+                float(score)
+                for score in function(prompts=prompts, completions=completions, **kwargs)
+            ]
         except Exception as exc:
             traceback.print_exc()
             raise JobFailure(
                 "training_error", f"the reward function raised {type(exc).__name__}: {exc}"
             ) from exc
+        if recorder:
+            recorder.record(name, prompts, completions, scores)
+        return scores
 
-    reward_func.__name__ = getattr(function, "__name__", "reward")
+    reward_func.__name__ = name
     return reward_func
 
 
@@ -134,7 +189,7 @@ def set_adapter_base(folder: Path, spec: dict) -> None:
 STOP_ASKED = threading.Event()  # SIGUSR1 from the runner: save a checkpoint and stop
 
 
-def make_callback(events: Events, spec: dict):
+def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = None):
     from transformers import TrainerCallback
 
     class VeriCallback(TrainerCallback):
@@ -148,6 +203,10 @@ def make_callback(events: Events, spec: dict):
         def on_train_begin(self, args, state, control, **kwargs):
             self.started, self.first_step = time.monotonic(), state.global_step
             events.emit("running", step=state.global_step)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if recorder:
+                recorder.step = state.global_step + 1  # rewards are scored for this step
 
         def on_step_end(self, args, state, control, **kwargs):
             events.emit("step", step=state.global_step)
@@ -283,6 +342,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
     if "epochs" in hp:
         common["num_train_epochs"] = hp["epochs"]
     dataset = Dataset.from_list(rows)
+    recorder = None
     try:
         if method == "grpo":
             from trl import GRPOConfig, GRPOTrainer
@@ -294,9 +354,10 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
                 beta=hp["kl_coef"],
                 temperature=hp["temperature"],
             )
+            recorder = SampleRecorder(events, spec.get("samples_every") or 10)
             trainer = GRPOTrainer(
                 model=model,
-                reward_funcs=[load_reward(spec["reward_source"])],
+                reward_funcs=load_rewards(spec["reward_source"], recorder),
                 args=config,
                 train_dataset=dataset,
                 processing_class=tokenizer,
@@ -328,7 +389,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
         traceback.print_exc()
         raise JobFailure("config_error", f"the trainer refused this configuration: {exc}") from exc
     trainer.remove_callback(PrinterCallback)  # raw dicts; the progress line replaces them
-    trainer.add_callback(make_callback(events, spec))
+    trainer.add_callback(make_callback(events, spec, recorder))
     return trainer, tokenizer
 
 

@@ -189,6 +189,9 @@ def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == TINY  # not the worker's mount
     assert_loads_and_generates(folder, base=tiny_model)
+    samples = api_client.get(f"/v1/training_jobs/{job_id}/samples", {"limit": 200}).json()["data"]
+    assert {s["step"] for s in samples} >= {2, 40}  # every 2 steps of 40, four each
+    assert all(set(s["rewards"]) == {"reward"} and "Tell me about" in s["prompt"] for s in samples)
 
 
 def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_path):

@@ -11,9 +11,11 @@ import pytest
 from worker.client import ControlPlane, Shipper
 from worker.errors import JobFailure
 from worker.train import (
+    SAMPLES_PER_STEP,
+    SampleRecorder,
     classify,
     duration,
-    load_reward,
+    load_rewards,
     load_rows,
     progress_line,
     set_adapter_base,
@@ -82,18 +84,18 @@ def test_errors_are_classified_into_the_catalog():
 
 
 def test_reward_sources_load_and_their_errors_are_training_errors(capsys):
-    marked = load_reward(
+    [marked] = load_rewards(
         "from veri_sdk import reward_function\n\n@reward_function\n"
         "def score(completions, **kw):\n    return [len(c) for c in completions]\n"
     )
     assert marked(prompts=["p", "q"], completions=["ab", "abc"]) == [2.0, 3.0]
-    raising = load_reward("def reward(completions, **kw):\n    raise KeyError('answer')\n")
+    [raising] = load_rewards("def reward(completions, **kw):\n    raise KeyError('answer')\n")
     with pytest.raises(JobFailure) as failure:
         raising(prompts=["p"], completions=["x"])
     assert failure.value.code == "training_error" and "KeyError" in failure.value.message
     assert "Traceback" in capsys.readouterr().err
     with pytest.raises(JobFailure) as missing:
-        load_reward("import not_a_real_package\n")
+        load_rewards("import not_a_real_package\n")
     assert missing.value.code == "dependency_error"
 
 
@@ -210,3 +212,31 @@ def test_a_dataset_id_that_names_a_local_folder_is_refused(tmp_path, monkeypatch
     with pytest.raises(JobFailure) as failure:
         load_rows(spec)
     assert failure.value.code == "config_error"
+
+
+def test_samples_carry_each_reward_functions_score_every_n_steps():
+    sent = []
+
+    class Recorded:
+        def emit(self, kind, **data):
+            sent.append((kind, data))
+
+    recorder = SampleRecorder(Recorded(), every=2)
+    length, has_a = load_rewards(
+        "from veri_sdk import reward_function\n\n"
+        "@reward_function\ndef length(completions, **kw):\n"
+        "    return [len(c) for c in completions]\n"
+        "@reward_function\ndef has_a(completions, **kw):\n"
+        "    return [float('a' in c) for c in completions]\n",
+        recorder,
+    )
+    for step in (1, 2):
+        recorder.step = step
+        prompts = [[{"role": "user", "content": "say"}]] * 6
+        length(prompts=prompts, completions=["a", "bb", "ccc", "aaaa", "e", "f"])
+        has_a(prompts=prompts, completions=["a", "bb", "ccc", "aaaa", "e", "f"])
+    [(kind, data)] = sent  # step 1 is not a sampled step; step 2 is, once
+    assert (kind, data["step"], len(data["samples"])) == ("samples", 2, SAMPLES_PER_STEP)
+    first = data["samples"][0]
+    assert first["prompt"] == "say" and first["completion"] == "a"
+    assert first["rewards"] == {"length": 1.0, "has_a": 1.0} and first["reward"] == 2.0

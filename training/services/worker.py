@@ -18,9 +18,10 @@ from training.models import (
     JobStatus,
     JobToken,
     MetricPoint,
+    Sample,
     TrainingJob,
 )
-from training.services import logs
+from training.services import alarms, logs
 from training.services.jobs import InvalidTransition, fail_job, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
@@ -105,7 +106,26 @@ def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
     locked.metrics_summary = summary
     locked.last_step = max(locked.last_step or 0, summary["last_step"])
     locked.save(update_fields=["metrics_summary", "last_step"])
+    alarms.check_metrics(job=job)
     return len(added)
+
+
+def record_samples(*, job: TrainingJob, samples: list[dict]) -> int:
+    """`[{step, index, prompt, completion, reward, rewards}]`; a sample already recorded (a
+    resent batch) keeps its first values."""
+    keys = {(s["step"], s["index"]) for s in samples}
+    stored = set(
+        Sample.objects.filter(job=job, step__in={step for step, _ in keys}).values_list(
+            "step", "index"
+        )
+    )
+    new = {(s["step"], s["index"]): s for s in samples if (s["step"], s["index"]) not in stored}
+    Sample.objects.bulk_create(
+        [Sample(job=job, **sample) for sample in new.values()], ignore_conflicts=True
+    )
+    if new:
+        alarms.check_samples(job=job)
+    return len(new)
 
 
 OUTPUT_FOLDERS = ("checkpoints", "final")
@@ -315,6 +335,7 @@ def build_spec(*, job: TrainingJob) -> dict:
         "checkpoint_every": job.checkpoint_every,
         "checkpoint_keep": job.checkpoint_keep,
         "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
+        "samples_every": max(1, job.hyperparameters.get("max_steps", 200) // 20),
         "resume_from": resume,
     }
 
