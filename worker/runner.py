@@ -174,15 +174,16 @@ class Runner:
         elif kind == "samples":
             self.shipper.samples(event["step"], event["samples"])
         elif kind == "checkpoint":
+            folder = Path(event["path"])
             try:
                 self.upload_checkpoint(
-                    Path(event["path"]),
-                    event["step"],
-                    f"checkpoints/step-{event['step']:08d}",
-                    final=False,
+                    folder, event["step"], f"checkpoints/step-{event['step']:08d}", final=False
                 )
-            except JobFailure as failure:  # the job goes on; the final upload decides
-                self.say(f"[veri] checkpoint {event['step']} was not saved: {failure.message}")
+            except (JobFailure, OSError) as failure:  # the job goes on; the final upload decides
+                reason = failure.message if isinstance(failure, JobFailure) else repr(failure)
+                self.say(f"[veri] checkpoint {event['step']} was not saved: {reason}")
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
         elif kind in ("error", "finished", "stopped"):
             outcome[kind] = event
 

@@ -9,6 +9,7 @@ descriptor in VERI_EVENTS_FD; its stdout and stderr are the job's log. Any failu
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -246,9 +247,21 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             set_adapter_base(folder, spec)
-            events.emit("checkpoint", step=state.global_step, path=str(folder))
+            # The trainer deletes old checkpoints (save_total_limit) while the runner may still be
+            # uploading them: the runner gets hard links of its own, which outlive the deletion.
+            outbox = Path(args.output_dir).parent / "outbox" / folder.name
+            shutil.rmtree(outbox, ignore_errors=True)
+            shutil.copytree(folder, outbox, copy_function=link_or_copy)
+            events.emit("checkpoint", step=state.global_step, path=str(outbox))
 
     return VeriCallback()
+
+
+def link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links
+        shutil.copy2(source, target)
 
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
