@@ -116,6 +116,11 @@ class TrainingJob(models.Model):
         return self.status in TERMINAL
 
     @property
+    def samples_every(self) -> int:
+        """GRPO: the worker sends sampled completions every this many steps (about 20 times)."""
+        return max(1, self.hyperparameters.get("max_steps", 200) // 20)
+
+    @property
     def workspace_prefix(self) -> keys.Prefix:
         return keys.workspace_prefix(self.workspace.public_id)
 

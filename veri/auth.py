@@ -1,3 +1,4 @@
+from django.contrib.auth.backends import ModelBackend
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
@@ -26,3 +27,16 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword  # makes DRF answer 401 (not 403) when no key is sent
+
+
+class EmailBackend(ModelBackend):
+    """Dashboard accounts are named by their email, stored lower-case: `Ada@Example.com` signs in
+    as `ada@example.com`. A username that matches exactly (an operator's) still comes first."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is None and username and username != username.strip().lower():
+            user = super().authenticate(
+                request, username=username.strip().lower(), password=password, **kwargs
+            )
+        return user

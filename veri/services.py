@@ -3,11 +3,15 @@ import hmac
 import secrets
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from veri.errors import Conflict, VeriError
-from veri.models import ApiKey, Workspace
+from veri.models import ApiKey, Membership, Workspace
 
 KEY_PREFIX = "veri_sk_"
 # last_used_at is informational: writing it on every request would turn reads into writes.
@@ -38,6 +42,34 @@ def create_workspace(*, name: str) -> tuple[Workspace, str]:
         ) from None
     _, key = create_api_key(workspace=workspace, name="default")
     return workspace, key
+
+
+def find_user(*, email: str):
+    return get_user_model().objects.filter(username=email.strip().lower()).first()
+
+
+def add_owner(*, workspace: Workspace, email: str, password: str | None) -> tuple[object, bool]:
+    """Make the account `email` (created when new, with `password`) an owner of `workspace`.
+    Accounts sign in with their email, lower-cased, as the username (veri.auth.EmailBackend)."""
+    email = email.strip().lower()
+    try:
+        validate_email(email)
+    except ValidationError:
+        raise VeriError(f"{email!r} is not an email address.", field="owner") from None
+    user = find_user(email=email)
+    created = user is None
+    if created:
+        if not password:
+            raise VeriError("A new owner needs a password.", field="password")
+        try:
+            validate_password(password)
+        except ValidationError as exc:
+            raise VeriError(" ".join(exc.messages), field="password") from None
+        user = get_user_model().objects.create_user(username=email, email=email, password=password)
+    Membership.objects.update_or_create(
+        workspace=workspace, user=user, defaults={"role": Membership.Role.OWNER}
+    )
+    return user, created
 
 
 def create_api_key(*, workspace: Workspace, name: str = "") -> tuple[ApiKey, str]:

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "training",
     "billing",
     "providers",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -116,6 +117,16 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+AUTHENTICATION_BACKENDS = ["veri.auth.EmailBackend"]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
 # The admin's CSS and JS are served by the app itself (DEBUG is off by default); from the apps'

@@ -3,7 +3,6 @@ from django.http import JsonResponse
 from django.urls import include, path, re_path
 from django.views.defaults import bad_request, page_not_found
 from django.views.defaults import server_error as html_server_error
-from django.views.generic import TemplateView
 
 from providers.api import GpusView, RegionsView
 from veri import errors
@@ -21,10 +20,11 @@ v1 = [
 ]
 
 urlpatterns = [
-    path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("healthz", healthz, name="healthz"),
     path("v1/", include(v1)),
+    path("", include("dashboard.urls")),
 ]
 
 

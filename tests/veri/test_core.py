@@ -94,9 +94,11 @@ def test_the_api_page_lists_exactly_the_schemas_operations():
     }
 
 
-def test_home_page_and_admin_login_render():
+def test_home_page_leads_to_sign_in_and_admin_login_renders():
     client = Client()
-    assert b"/v1/schema" in client.get("/").content
+    response = client.get("/", follow=True)
+    assert response.redirect_chain[-1][0] == "/accounts/login/?next=/"
+    assert b"Sign in to Veri" in response.content and b"/v1/schema" in response.content
     assert client.get("/admin/login/").status_code == 200
 
 

@@ -335,7 +335,7 @@ def build_spec(*, job: TrainingJob) -> dict:
         "checkpoint_every": job.checkpoint_every,
         "checkpoint_keep": job.checkpoint_keep,
         "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
-        "samples_every": max(1, job.hyperparameters.get("max_steps", 200) // 20),
+        "samples_every": job.samples_every,
         "resume_from": resume,
     }
 

@@ -1,4 +1,5 @@
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ REPO = Path(settings.BASE_DIR)
 SAMPLE_DATA = REPO / "examples" / "sample-data"
 REWARD = REPO / "examples" / "rewards" / "letter_a.py"
 DEMO_WORKSPACE, DEMO_VOLUME = "demo", "demo-data"
+DEMO_OWNER = "demo@veri.local"
 DEMO_CREDIT_MICROS = 10_000_000  # a starting credit of 10 USD, given once
 MODEL_DIR = Path(settings.STATE_DIR) / "models" / "tiny-qwen2"
 
@@ -46,7 +48,12 @@ class Command(BaseCommand):
         else:
             _, api_key = services.create_api_key(workspace=workspace, name="quickstart")
         open_billing_account(workspace=workspace, credit_micros=DEMO_CREDIT_MICROS)
-        self.step(f"Workspace {workspace.name} ({workspace.public_id})")
+        # A fresh password each run: the demo's dashboard account is only ever this machine's.
+        password = secrets.token_urlsafe(12)
+        owner, _ = services.add_owner(workspace=workspace, email=DEMO_OWNER, password=password)
+        owner.set_password(password)
+        owner.save(update_fields=["password"])
+        self.step(f"Workspace {workspace.name} ({workspace.public_id}), owner {DEMO_OWNER}")
         if not (MODEL_DIR / "model.safetensors").exists():
             self.step(f"Making a tiny model in {MODEL_DIR} (no network)")
             self.run([sys.executable, "-m", "worker.tinymodel", str(MODEL_DIR)])
@@ -87,6 +94,10 @@ class Command(BaseCommand):
             )
             self.veri(cli_env, "volumes", "ls", DEMO_VOLUME)
             self.train(api_url, api_key, steps, Path(checkpoints))
+            self.stdout.write(
+                f"  dashboard   http://127.0.0.1:8000/ once the server below runs: sign in as "
+                f"{DEMO_OWNER} with password {password}\n"
+            )
         finally:
             for process in processes:
                 process.terminate()

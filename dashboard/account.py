@@ -1,0 +1,84 @@
+"""Dashboard pages of the workspace itself: billing, API keys, and switching workspaces."""
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from billing import selectors as billing_selectors
+from billing import services as billing
+from billing.stripe_gateway import payments_enabled
+from dashboard import workspaces
+from dashboard.forms import ApiKeyForm, TopUpForm
+from dashboard.workspaces import workspace_view
+from veri import selectors, services
+from veri.errors import NotFound, VeriError
+
+
+@workspace_view
+def home(request):
+    return redirect("dashboard:jobs")
+
+
+@workspace_view
+def billing_page(request):
+    balance = billing.balance_micros(workspace=request.workspace)
+    ledger = billing_selectors.list_ledger(workspace=request.workspace).order_by("-pk")
+    form = TopUpForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            url = billing.top_up_url(
+                workspace=request.workspace,
+                amount_usd=form.cleaned_data["amount_usd"],
+                return_url=request.build_absolute_uri("/billing/"),
+            )
+            return HttpResponseRedirect(url)
+        except VeriError as exc:
+            form.add_error("amount_usd", exc.message)
+    page = Paginator(ledger, 50).get_page(request.GET.get("page"))
+    for entry in page:
+        entry.amount_usd = billing.usd(entry.amount_micros)
+    return render(
+        request,
+        "dashboard/billing.html",
+        {
+            "balance_usd": billing.usd(balance),
+            "low_balance": billing.is_low_balance(workspace=request.workspace, balance=balance),
+            "payments_enabled": payments_enabled(),
+            "form": form,
+            "page": page,
+        },
+    )
+
+
+@workspace_view
+def api_keys(request):
+    form, new_key = ApiKeyForm(request.POST or None), None
+    if request.method == "POST" and form.is_valid():
+        _, new_key = services.create_api_key(
+            workspace=request.workspace, name=form.cleaned_data["name"]
+        )
+        form = ApiKeyForm()
+    keys = selectors.list_api_keys(workspace=request.workspace)
+    return render(request, "dashboard/keys.html", {"keys": keys, "form": form, "new_key": new_key})
+
+
+@require_POST
+@workspace_view
+def api_key_revoke(request, prefix: str):
+    try:
+        key = selectors.get_api_key(workspace=request.workspace, prefix=prefix)
+    except NotFound:
+        raise Http404 from None
+    services.revoke_api_key(api_key=key)
+    messages.success(request, f"Revoked {key}.")
+    return redirect("dashboard:keys")
+
+
+@require_POST
+@workspace_view
+def switch_workspace(request):
+    if not workspaces.choose(request, request.POST.get("workspace", "")):
+        raise Http404
+    return redirect("dashboard:jobs")

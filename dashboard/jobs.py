@@ -1,0 +1,237 @@
+"""Dashboard pages of training jobs: the list, a new-job form, a job's page with its tabs, and
+the small JSON reads its scripts poll for live updates. Reads go through the workspace's
+selectors (another workspace's job is 404); changes through the training services."""
+
+import json
+
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.timezone import now
+from django.views.decorators.http import require_POST
+
+from billing.services import usd
+from dashboard.forms import SUBMIT_FIELDS, NewJobForm
+from dashboard.workspaces import workspace_view
+from providers.models import Instance
+from training import errors, selectors
+from training.api import CheckpointOut
+from training.models import JobStatus
+from training.services import datasets as dataset_services
+from training.services import jobs as job_services
+from training.services import logs as log_services
+from veri.errors import NotFound, VeriError
+
+PAGE = 25
+LOG_LINES = 1000
+SAMPLES = 200
+
+
+def _job(request, job_id: str):
+    try:
+        return selectors.get_job(workspace=request.workspace, job_id=job_id)
+    except NotFound:
+        raise Http404 from None
+
+
+@workspace_view
+def job_list(request):
+    jobs = selectors.list_jobs(workspace=request.workspace).order_by("-pk")
+    status, query = request.GET.get("status", ""), request.GET.get("q", "").strip()
+    if status in JobStatus.values:
+        jobs = jobs.filter(status=status)
+    if query:
+        jobs = jobs.filter(Q(public_id__icontains=query) | Q(output_name__icontains=query))
+    page = Paginator(jobs, PAGE).get_page(request.GET.get("page"))
+    for job in page:
+        job.cost_usd = usd(job.cost_micros) if job.cost_micros is not None else None
+    return render(
+        request,
+        "dashboard/jobs.html",
+        {"page": page, "statuses": JobStatus.values, "status": status, "query": query},
+    )
+
+
+@workspace_view
+def job_new(request):
+    datasets = list(selectors.list_datasets(workspace=request.workspace).order_by("-pk")[:200])
+    form = NewJobForm(request.POST or None, request.FILES or None, datasets=datasets)
+    if request.method == "POST" and form.is_valid():
+        try:
+            fields = form.submission_fields()
+            upload = form.cleaned_data.get("dataset_file")
+            if upload:
+                fields["dataset_id"] = dataset_services.create_uploaded_dataset(
+                    workspace=request.workspace, file=upload
+                ).public_id
+            else:
+                fields["dataset_id"] = form.cleaned_data["dataset"]
+            job = job_services.submit_job(
+                workspace=request.workspace, submission=job_services.Submission(**fields)
+            )
+            return redirect("dashboard:job", job_id=job.public_id)
+        except VeriError as exc:
+            form.add_error(SUBMIT_FIELDS.get(exc.field or "", None), exc.message)
+    return render(request, "dashboard/job_new.html", {"form": form})
+
+
+def _parameters(job) -> list[tuple[str, object, bool]]:
+    """The submit parameters as (name, value, shown as code)."""
+    rows = [
+        ("provider", job.provider, False),
+        ("region", job.region, False),
+        ("GPU", f"{job.gpu_count}x {job.gpu_type}", False),
+        ("dataset", job.dataset.public_id, True),
+        ("output name", job.output_name or "—", False),
+        ("hyperparameters", json.dumps(job.hyperparameters, sort_keys=True), True),
+        ("LoRA", json.dumps(job.lora, sort_keys=True) if job.lora else "defaults", bool(job.lora)),
+        ("checkpoint every", job.checkpoint_every or "—", False),
+        ("budget cap", f"{usd(job.max_cost_micros)} USD" if job.max_cost_micros else "—", False),
+    ]
+    if job.resume_from_id:
+        checkpoint = job.resume_from
+        rows.append(("resumed from", f"{checkpoint.public_id} (step {checkpoint.step})", True))
+    return rows
+
+
+@workspace_view
+def job_detail(request, job_id: str):
+    job = _job(request, job_id)
+    checkpoints = CheckpointOut(
+        selectors.list_checkpoints(job=job).select_related("job__workspace").order_by("-step"),
+        many=True,
+        context={"request": request},
+    ).data
+    refund = getattr(job, "refund", None)  # select_related: None when there is none
+    instance = Instance.objects.filter(job=job).first()
+    accrued = None
+    if job.cost_micros is None and instance and instance.launched_at:
+        accrued = usd(job_services.accrued_micros(instance, at=instance.terminated_at or now()))
+    return render(
+        request,
+        "dashboard/job.html",
+        {
+            "job": job,
+            "events": selectors.list_events(job=job).order_by("pk"),
+            "checkpoints": checkpoints,
+            "catalog_error": errors.CATALOG.get(job.error_code),
+            "refund": refund,
+            "refund_usd": usd(refund.amount_micros) if refund else None,
+            "cost_usd": usd(job.cost_micros) if job.cost_micros is not None else None,
+            "accrued_usd": accrued,
+            "parameters": _parameters(job),
+        },
+    )
+
+
+@workspace_view
+def job_status(request, job_id: str):
+    job = _job(request, job_id)
+    return JsonResponse(
+        {
+            "status": job.status,
+            "last_step": job.last_step,
+            "finished": job.is_terminal,
+            "cost_usd": usd(job.cost_micros) if job.cost_micros is not None else None,
+        }
+    )
+
+
+@workspace_view
+def job_logs(request, job_id: str):
+    """Lines after `?after=` (the Logs tab's live tail)."""
+    job = _job(request, job_id)
+    try:
+        after = int(request.GET.get("after", -1))
+    except ValueError:
+        after = -1
+    lines = selectors.log_lines_after(job=job, after=after, limit=LOG_LINES)
+    return JsonResponse(
+        {
+            "lines": [{"seq": line.seq, "text": line.text} for line in lines],
+            "next_seq": lines[-1].seq if lines else after,
+            "finished": job.is_terminal and len(lines) < LOG_LINES,
+        }
+    )
+
+
+@workspace_view
+def job_full_log(request, job_id: str):
+    job = _job(request, job_id)
+    text = (log_services.archived_text(job=job) if job.is_terminal else None) or (
+        log_services.full_text(job=job)
+    )
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{job.public_id}.log"'
+    return response
+
+
+@workspace_view
+def job_metrics(request, job_id: str):
+    """Points after `?after_step=` (the Metrics tab's live charts)."""
+    job = _job(request, job_id)
+    try:
+        after = int(request.GET.get("after_step", -1))
+    except ValueError:
+        after = -1
+    points = selectors.list_metrics(job=job).filter(step__gt=after).order_by("step")[:5000]
+    return JsonResponse(
+        {
+            "points": [{"step": p.step, "values": p.values} for p in points],
+            "finished": job.is_terminal,
+        }
+    )
+
+
+@workspace_view
+def job_samples(request, job_id: str):
+    """The newest sampled completions and the job's alarms (the Samples tab)."""
+    job = _job(request, job_id)
+    samples = selectors.list_samples(job=job).order_by("-step", "index")[:SAMPLES]
+    alarms = selectors.list_events(job=job).filter(type__startswith="alarm_").order_by("pk")
+    return JsonResponse(
+        {
+            "samples": [
+                {
+                    "step": s.step,
+                    "prompt": s.prompt,
+                    "completion": s.completion,
+                    "reward": s.reward,
+                    "rewards": s.rewards,
+                }
+                for s in samples
+            ],
+            "alarms": [
+                {"type": a.type, "at": a.at.isoformat(), "message": a.detail.get("message", "")}
+                for a in alarms
+            ],
+            "finished": job.is_terminal,
+        }
+    )
+
+
+@require_POST
+@workspace_view
+def job_cancel(request, job_id: str):
+    job = _job(request, job_id)
+    if not job.is_terminal:
+        job_services.cancel_job(job=job)
+    return redirect("dashboard:job", job_id=job.public_id)
+
+
+@require_POST
+@workspace_view
+def job_resume(request, job_id: str):
+    job = _job(request, job_id)
+    try:
+        new = job_services.resume_job(job=job, checkpoint_id=request.POST.get("checkpoint") or None)
+    except VeriError as exc:
+        context = {
+            "title": "Not resumed",
+            "message": exc.message,
+            "back": reverse("dashboard:job", args=[job.public_id]) + "#checkpoints",
+        }
+        return render(request, "dashboard/message.html", context, status=400)
+    return redirect("dashboard:job", job_id=new.public_id)

@@ -1,0 +1,324 @@
+// Veri dashboard: small progressive scripts over server-rendered pages. Every page works without
+// them; with them a job's page updates live (status, log tail, metrics, samples) by polling the
+// job's JSON reads, and charts are drawn by the vendored uPlot.
+"use strict";
+
+const POLL = { status: 3000, logs: 1500, metrics: 2500, samples: 5000 };
+const MAX_LOG_LINES = 20000; // older lines stay in the full-log download
+const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#9a6700", "#bf3989", "#1b7c83"];
+
+async function getJSON(url) {
+  const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  return response.json();
+}
+
+// Polls `tick` every `ms` until it returns true ("done"); a failed fetch is retried next time.
+function poll(tick, ms) {
+  let stopped = false;
+  const run = async () => {
+    let done = false;
+    try { done = await tick(); } catch (error) { console.warn(error); }
+    if (done || stopped) return;
+    setTimeout(run, document.hidden ? ms * 4 : ms);
+  };
+  run();
+  return () => { stopped = true; };
+}
+
+function chart(figure, names, width) {
+  const opts = {
+    width: Math.max(width, 200),
+    height: 220,
+    scales: { x: { time: false } },
+    legend: { live: true },
+    series: [{ label: "step" }].concat(
+      names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))
+    ),
+    axes: [{ label: "step" }, { size: 60 }],
+  };
+  return new uPlot(opts, [[]].concat(names.map(() => [])), figure);
+}
+
+// A chart that follows its figure's width and can be given new data at any time, even while its
+// tab is hidden (it is drawn when the figure has a width).
+class LiveChart {
+  constructor(figure, names) {
+    this.figure = figure;
+    this.names = names;
+    this.plot = null;
+    this.data = null;
+    new ResizeObserver(() => this.draw()).observe(figure);
+  }
+  setNames(names) {
+    if (names.join("\u0000") === this.names.join("\u0000")) return;
+    this.names = names;
+    if (this.plot) { this.plot.destroy(); this.plot = null; }
+  }
+  setData(data, points) {
+    this.data = data;
+    this.figure.dataset.points = String(points);
+    this.figure.hidden = points === 0;
+    this.draw();
+  }
+  draw() {
+    const width = this.figure.clientWidth;
+    if (!this.data || width === 0) return;
+    if (!this.plot) this.plot = chart(this.figure, this.names, width);
+    else if (Math.abs(this.plot.width - width) > 1) this.plot.setSize({ width, height: 220 });
+    this.plot.setData(this.data);
+  }
+}
+
+function setupTabs(root) {
+  const tabs = [...root.querySelectorAll("[data-tab]")];
+  const show = (name) => {
+    if (!tabs.some((t) => t.dataset.tab === name)) name = "overview";
+    for (const tab of tabs) tab.setAttribute("aria-selected", String(tab.dataset.tab === name));
+    for (const panel of root.querySelectorAll("[data-panel]")) panel.hidden = panel.dataset.panel !== name;
+    if (name === "logs") root.querySelector("[data-log]")?.dispatchEvent(new Event("shown"));
+  };
+  root.addEventListener("click", (event) => {
+    const link = event.target.closest("[data-tab], [data-tab-link]");
+    if (!link) return;
+    event.preventDefault();
+    const name = link.dataset.tab || link.dataset.tabLink;
+    history.replaceState(null, "", `#${name}`);
+    show(name);
+  });
+  window.addEventListener("hashchange", () => show(location.hash.slice(1)));
+  show(location.hash.slice(1));
+}
+
+function escapeHTML(text) {
+  return text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+function escapeRegExp(text) {
+  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
+function setupLogs(root, onFinished) {
+  const box = root.querySelector("[data-log]");
+  const search = root.querySelector("[data-log-search]");
+  const matches = root.querySelector("[data-log-matches]");
+  let after = -1;
+  let query = "";
+  let followed = true; // the reader is at the bottom: new lines scroll into view
+
+  const atBottom = () => box.scrollHeight - box.scrollTop - box.clientHeight < 8;
+  box.addEventListener("scroll", () => { followed = atBottom(); });
+  box.addEventListener("shown", () => { if (followed) box.scrollTop = box.scrollHeight; });
+
+  const paint = (line) => {
+    const text = line.dataset.text;
+    if (!query) { line.textContent = text; line.classList.remove("hidden"); return false; }
+    const at = text.toLowerCase().indexOf(query);
+    line.classList.toggle("hidden", at < 0);
+    if (at < 0) { line.textContent = text; return false; }
+    // Split on the query as a captured group: odd parts are the matches.
+    const parts = text.split(new RegExp(`(${escapeRegExp(query)})`, "ig"));
+    line.innerHTML = parts.map((part, i) => (i % 2 ? `<mark>${escapeHTML(part)}</mark>` : escapeHTML(part))).join("");
+    return true;
+  };
+  const countMatches = () => {
+    if (!query) { matches.textContent = ""; return; }
+    const shown = box.querySelectorAll(".line:not(.hidden)").length;
+    matches.textContent = `${shown} matching line${shown === 1 ? "" : "s"}`;
+  };
+  search.addEventListener("input", () => {
+    query = search.value.trim().toLowerCase();
+    for (const line of box.children) paint(line);
+    countMatches();
+  });
+
+  return poll(async () => {
+    const body = await getJSON(`${box.closest("[data-job]").dataset.logsUrl}?after=${after}`);
+    if (body.lines.length) {
+      const follow = followed || atBottom();
+      const fragment = document.createDocumentFragment();
+      for (const { text } of body.lines) {
+        const line = document.createElement("span");
+        line.className = "line";
+        line.dataset.text = text + "\n";
+        paint(line);
+        fragment.appendChild(line);
+      }
+      box.appendChild(fragment);
+      while (box.children.length > MAX_LOG_LINES) box.firstChild.remove();
+      box.dataset.lines = String(Number(box.dataset.lines || 0) + body.lines.length);
+      if (query) countMatches();
+      if (follow) box.scrollTop = box.scrollHeight;
+    }
+    after = body.next_seq;
+    if (body.finished) { onFinished(); return true; }
+    return false;
+  }, POLL.logs);
+}
+
+// The metrics every chart reads: steps, and each key's value at each step (null where absent).
+class MetricSeries {
+  constructor() { this.steps = []; this.values = new Map(); }
+  add(points) {
+    for (const { step, values } of points) {
+      const row = this.steps.length;
+      this.steps.push(step);
+      for (const [key, value] of Object.entries(values)) {
+        if (typeof value !== "number") continue;
+        if (!this.values.has(key)) this.values.set(key, new Array(row).fill(null));
+        this.values.get(key).push(value);
+      }
+      for (const column of this.values.values()) if (column.length === row) column.push(null);
+    }
+  }
+  columns(keys) { return [this.steps].concat(keys.map((k) => this.values.get(k))); }
+  count(key) { return (this.values.get(key) || []).filter((v) => v !== null).length; }
+  rewardFunctions() {
+    return [...this.values.keys()].filter((k) => /^rewards\/.+\/mean$/.test(k)).sort();
+  }
+}
+
+function setupMetrics(root, series, onUpdate) {
+  const charts = [...root.querySelectorAll("[data-chart]")].map((figure) => ({
+    key: figure.dataset.chart,
+    chart: new LiveChart(figure, [figure.dataset.chart]),
+  }));
+  const empty = root.querySelector("[data-metrics-empty]");
+  let after = -1;
+  const url = root.dataset.metricsUrl;
+  return poll(async () => {
+    const body = await getJSON(`${url}?after_step=${after}`);
+    if (body.points.length) {
+      series.add(body.points);
+      after = body.points[body.points.length - 1].step;
+      for (const { key, chart } of charts) chart.setData(series.columns([key]), series.count(key));
+      empty.hidden = true;
+      onUpdate();
+    }
+    return body.finished && body.points.length === 0;
+  }, POLL.metrics);
+}
+
+function renderSamples(root, body) {
+  const list = root.querySelector("[data-samples]");
+  const empty = root.querySelector("[data-samples-empty]");
+  const alarms = root.querySelector("[data-alarms]");
+  alarms.replaceChildren(...body.alarms.map((alarm) => {
+    const item = document.createElement("li");
+    item.textContent = `${alarm.type.replace(/^alarm_/, "").replaceAll("_", " ")}: ${alarm.message}`;
+    return item;
+  }));
+  empty.hidden = body.samples.length > 0;
+  list.dataset.count = String(body.samples.length);
+  const byStep = new Map();
+  for (const sample of body.samples) {
+    if (!byStep.has(sample.step)) byStep.set(sample.step, []);
+    byStep.get(sample.step).push(sample);
+  }
+  const sections = [];
+  for (const [step, samples] of byStep) {
+    const heading = document.createElement("h3");
+    heading.className = "sample-step";
+    heading.textContent = `Step ${step}`;
+    sections.push(heading);
+    for (const sample of samples) {
+      const card = document.createElement("div");
+      card.className = "sample";
+      card.dataset.sample = "";
+      const scores = Object.entries(sample.rewards)
+        .map(([name, value]) => `<span>${escapeHTML(name)} <strong>${Number(value).toFixed(3)}</strong></span>`)
+        .join("");
+      card.innerHTML =
+        `<div class="scores"><span>reward <strong>${Number(sample.reward).toFixed(3)}</strong></span>${scores}</div>` +
+        `<div class="sub">prompt</div><pre>${escapeHTML(sample.prompt)}</pre>` +
+        `<div class="sub">completion</div><pre>${escapeHTML(sample.completion)}</pre>`;
+      sections.push(card);
+    }
+  }
+  list.replaceChildren(...sections);
+}
+
+function setupSamples(root, series) {
+  const panel = root.querySelector("[data-panel='samples']");
+  if (!panel) return { refreshChart() {} };
+  const figure = panel.querySelector("[data-reward-functions]");
+  const rewardChart = new LiveChart(figure, []);
+  const refreshChart = () => {
+    const keys = series.rewardFunctions();
+    rewardChart.setNames(keys.map((k) => k.slice("rewards/".length, -"/mean".length)));
+    rewardChart.setData(series.columns(keys), keys.length ? series.steps.length : 0);
+  };
+  figure.hidden = true;
+  poll(async () => {
+    const body = await getJSON(root.dataset.samplesUrl);
+    renderSamples(panel, body);
+    return body.finished;
+  }, POLL.samples);
+  return { refreshChart };
+}
+
+function setupStatus(root) {
+  const url = root.dataset.statusUrl;
+  return poll(async () => {
+    const body = await getJSON(url);
+    for (const badge of root.querySelectorAll("[data-status]")) {
+      badge.textContent = body.status;
+      badge.className = `badge status-${body.status}`;
+    }
+    const step = root.querySelector("[data-step]");
+    if (body.last_step !== null) step.textContent = `step ${body.last_step}`;
+    if (body.finished) {
+      root.dataset.finished = "true";
+      root.querySelector("form[action$='/cancel/']")?.remove();
+      if (body.cost_usd) root.querySelector("[data-cost]").textContent = `${body.cost_usd} USD`;
+      return true;
+    }
+    return false;
+  }, POLL.status);
+}
+
+function setupJob(root) {
+  setupTabs(root);
+  const live = root.querySelector("[data-live]");
+  const series = new MetricSeries();
+  const samples = setupSamples(root, series);
+  setupLogs(root, () => { live.textContent = "finished"; });
+  setupMetrics(root, series, () => samples.refreshChart());
+  if (root.dataset.finished !== "true") setupStatus(root);
+}
+
+function setupUsage(figure) {
+  const points = JSON.parse(figure.dataset.series);
+  const empty = document.querySelector("[data-usage-empty]");
+  if (!points.length) { figure.hidden = true; empty.hidden = false; return; }
+  const opts = {
+    width: Math.max(figure.clientWidth, 200),
+    height: 200,
+    series: [{}, { label: "bytes", stroke: COLORS[0], fill: "rgba(9,105,218,.08)", width: 1.5 }],
+    axes: [{}, { size: 70, values: (u, ticks) => ticks.map(formatBytes) }],
+  };
+  const plot = new uPlot(opts, [points.map((p) => p.hour), points.map((p) => p.bytes)], figure);
+  figure.dataset.points = String(points.length);
+  new ResizeObserver(() => plot.setSize({ width: Math.max(figure.clientWidth, 200), height: 200 })).observe(figure);
+}
+
+function formatBytes(n) {
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
+  return `${n.toFixed(n >= 10 || i === 0 ? 0 : 1)} ${units[i]}`;
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  for (const select of document.querySelectorAll("[data-autosubmit]")) {
+    select.addEventListener("change", () => select.form.submit());
+  }
+  document.addEventListener("submit", (event) => {
+    const message = event.target.dataset.confirm;
+    if (message && !window.confirm(message)) event.preventDefault();
+  });
+  const job = document.querySelector("[data-job]");
+  if (job) setupJob(job);
+  const usage = document.querySelector("[data-usage-chart]");
+  if (usage) setupUsage(usage);
+});

@@ -1,0 +1,78 @@
+"""Dashboard pages of volumes (files, usage over time, delete with the name) and datasets."""
+
+import json
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from dashboard.forms import ConfirmNameForm
+from dashboard.workspaces import workspace_view
+from training import selectors as training_selectors
+from veri.errors import NotFound, VeriError
+from volumes import selectors, services
+
+PAGE = 50
+
+
+def _volume(request, volume_id: str):
+    try:
+        return selectors.get_volume(workspace=request.workspace, id_or_name=volume_id)
+    except NotFound:
+        raise Http404 from None
+
+
+@workspace_view
+def volume_list(request):
+    volumes = selectors.list_volumes(workspace=request.workspace).order_by("name")
+    return render(request, "dashboard/volumes.html", {"volumes": volumes})
+
+
+@workspace_view
+def volume_detail(request, volume_id: str):
+    volume = _volume(request, volume_id)
+    files = Paginator(selectors.list_files(volume=volume).order_by("path"), PAGE)
+    usage = selectors.list_usage(volume=volume).order_by("-hour")[: 24 * 30]
+    series = [
+        {"hour": int(u.hour.timestamp()), "bytes": u.total_bytes, "files": u.file_count}
+        for u in reversed(usage)
+    ]
+    return render(
+        request,
+        "dashboard/volume.html",
+        {
+            "volume": volume,
+            "files": files.get_page(request.GET.get("page")),
+            "usage_json": json.dumps(series),
+            "form": ConfirmNameForm(),
+        },
+    )
+
+
+@require_POST
+@workspace_view
+def volume_delete(request, volume_id: str):
+    volume = _volume(request, volume_id)
+    form = ConfirmNameForm(request.POST)
+    confirm = request.POST.get("confirm", "")
+    try:
+        services.delete_volume(volume=volume, confirm=confirm)
+    except VeriError:
+        form.add_error("confirm", f"That is not {volume.name!r}: nothing was deleted.")
+        files = Paginator(selectors.list_files(volume=volume).order_by("path"), PAGE)
+        context = {"volume": volume, "files": files.get_page(1), "usage_json": "[]", "form": form}
+        return render(request, "dashboard/volume.html", context, status=400)
+    messages.success(request, f"Deleted volume {volume.name}; its files go within a minute.")
+    return redirect("dashboard:volumes")
+
+
+@workspace_view
+def dataset_list(request):
+    datasets = training_selectors.list_datasets(workspace=request.workspace).order_by("-pk")
+    return render(
+        request,
+        "dashboard/datasets.html",
+        {"page": Paginator(datasets, PAGE).get_page(request.GET.get("page"))},
+    )

@@ -1,0 +1,27 @@
+from django.urls import path
+
+from dashboard import account, jobs, storage
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", account.home, name="home"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new/", jobs.job_new, name="job_new"),
+    path("jobs/<str:job_id>/", jobs.job_detail, name="job"),
+    path("jobs/<str:job_id>/status.json", jobs.job_status, name="job_status"),
+    path("jobs/<str:job_id>/logs.json", jobs.job_logs, name="job_logs"),
+    path("jobs/<str:job_id>/log.txt", jobs.job_full_log, name="job_full_log"),
+    path("jobs/<str:job_id>/metrics.json", jobs.job_metrics, name="job_metrics"),
+    path("jobs/<str:job_id>/samples.json", jobs.job_samples, name="job_samples"),
+    path("jobs/<str:job_id>/cancel/", jobs.job_cancel, name="job_cancel"),
+    path("jobs/<str:job_id>/resume/", jobs.job_resume, name="job_resume"),
+    path("volumes/", storage.volume_list, name="volumes"),
+    path("volumes/<str:volume_id>/", storage.volume_detail, name="volume"),
+    path("volumes/<str:volume_id>/delete/", storage.volume_delete, name="volume_delete"),
+    path("datasets/", storage.dataset_list, name="datasets"),
+    path("billing/", account.billing_page, name="billing"),
+    path("keys/", account.api_keys, name="keys"),
+    path("keys/<str:prefix>/revoke/", account.api_key_revoke, name="key_revoke"),
+    path("workspace/", account.switch_workspace, name="switch"),
+]
