@@ -17,7 +17,6 @@ from dashboard.forms import SUBMIT_FIELDS, NewJobForm
 from dashboard.workspaces import workspace_view
 from providers.models import Instance
 from training import errors, selectors
-from training.api import CheckpointOut
 from training.models import JobStatus
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
@@ -99,11 +98,7 @@ def _parameters(job) -> list[tuple[str, object, bool]]:
 @workspace_view
 def job_detail(request, job_id: str):
     job = _job(request, job_id)
-    checkpoints = CheckpointOut(
-        selectors.list_checkpoints(job=job).select_related("job__workspace").order_by("-step"),
-        many=True,
-        context={"request": request},
-    ).data
+    checkpoints = selectors.list_checkpoints(job=job).order_by("-step", "-final")
     refund = getattr(job, "refund", None)  # select_related: None when there is none
     instance = Instance.objects.filter(job=job).first()
     accrued = None
@@ -210,6 +205,17 @@ def job_samples(request, job_id: str):
             "finished": job.is_terminal,
         }
     )
+
+
+@workspace_view
+def checkpoint_file(request, job_id: str, checkpoint_id: str, path: str):
+    """A checkpoint file's download, signed at the click: links on a page left open still work."""
+    job = _job(request, job_id)
+    checkpoint = selectors.list_checkpoints(job=job).filter(public_id=checkpoint_id).first()
+    files = selectors.checkpoint_files(checkpoint=checkpoint, only=path) if checkpoint else []
+    if not files:
+        raise Http404
+    return redirect(files[0]["url"])
 
 
 @require_POST

@@ -14,6 +14,11 @@ urlpatterns = [
     path("jobs/<str:job_id>/log.txt", jobs.job_full_log, name="job_full_log"),
     path("jobs/<str:job_id>/metrics.json", jobs.job_metrics, name="job_metrics"),
     path("jobs/<str:job_id>/samples.json", jobs.job_samples, name="job_samples"),
+    path(
+        "jobs/<str:job_id>/checkpoints/<str:checkpoint_id>/<path:path>",
+        jobs.checkpoint_file,
+        name="checkpoint_file",
+    ),
     path("jobs/<str:job_id>/cancel/", jobs.job_cancel, name="job_cancel"),
     path("jobs/<str:job_id>/resume/", jobs.job_resume, name="job_resume"),
     path("volumes/", storage.volume_list, name="volumes"),

@@ -1,6 +1,5 @@
 """`/v1/datasets`, `/v1/training_jobs` (API key) and `/v1/worker/jobs` (job token)."""
 
-from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -23,7 +22,6 @@ from training.services import quotes as quote_services
 from veri.api import WorkspaceView, list_schema, paginate
 from veri.errors import NotFound, VeriError
 from volumes.api import PlainString
-from volumes.stores import store_for
 
 MAX_LOG_LINES = 1000
 EXAMPLE_DATASET_ID = "ds_0123456789abcdef"  # in the schema's examples
@@ -176,17 +174,9 @@ class CheckpointOut(serializers.ModelSerializer):
         )
     )
     def get_files(self, checkpoint: Checkpoint) -> list[dict]:
-        store, request = store_for(checkpoint.job.output_prefix), self.context["request"]
-        ttl = settings.VERI_PRESIGN_TTL_SECONDS
-        return [
-            {
-                "path": f["path"],
-                "size": f["size"],
-                "sha256": f.get("sha256", ""),
-                "url": request.build_absolute_uri(store.presign_get(key, expires=ttl)),
-            }
-            for f, key in checkpoint.file_keys()
-        ]
+        request = self.context["request"]
+        files = selectors.checkpoint_files(checkpoint=checkpoint)
+        return [f | {"url": request.build_absolute_uri(f["url"])} for f in files]
 
 
 class DatasetsView(WorkspaceView):

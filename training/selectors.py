@@ -1,5 +1,6 @@
 """Reads of training objects, always within one workspace."""
 
+from django.conf import settings
 from django.db.models import QuerySet
 
 from training.models import (
@@ -13,6 +14,7 @@ from training.models import (
 )
 from veri.errors import NotFound
 from veri.models import Workspace
+from volumes.stores import store_for
 
 
 def list_datasets(*, workspace: Workspace) -> QuerySet[Dataset]:
@@ -57,3 +59,20 @@ def list_samples(*, job: TrainingJob) -> QuerySet[Sample]:
 
 def list_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(job=job).select_related("job__workspace")
+
+
+def checkpoint_files(*, checkpoint: Checkpoint, only: str | None = None) -> list[dict]:
+    """The checkpoint's files with a download URL signed now (relative for the local store), or
+    only the file at path `only`."""
+    store = store_for(checkpoint.job.output_prefix)
+    ttl = settings.VERI_PRESIGN_TTL_SECONDS
+    return [
+        {
+            "path": f["path"],
+            "size": f["size"],
+            "sha256": f.get("sha256", ""),
+            "url": store.presign_get(key, expires=ttl),
+        }
+        for f, key in checkpoint.file_keys()
+        if only is None or f["path"] == only
+    ]

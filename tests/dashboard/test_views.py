@@ -21,11 +21,12 @@ from tests.billing.test_ledger import failed_after_an_hour
 from tests.dashboard.conftest import PASSWORD, member_of, signed_in
 from tests.training.conftest import job_body, upload_dataset
 from training import errors
-from training.models import Checkpoint, LogChunk, MetricPoint, Sample
+from training.models import Checkpoint, JobEvent, LogChunk, MetricPoint, Sample, TrainingJob
 from veri import services
 from veri.models import ApiKey, Membership, Workspace
 from volumes.models import Volume
 from volumes.services import create_volume
+from volumes.stores import store_for
 
 pytestmark = pytest.mark.django_db
 
@@ -61,6 +62,22 @@ def test_another_workspaces_job_volume_checkpoint_and_key_answer_404(
     theirs_job = response.json()["id"]
     theirs_volume, _ = create_volume(workspace=other, name="secret-corpus")
     theirs_key, _ = services.create_api_key(workspace=other, name="theirs")
+    theirs_checkpoint = Checkpoint.objects.create(
+        workspace=other,
+        job=TrainingJob.objects.get(public_id=theirs_job),
+        step=5,
+        files=[{"path": "adapter_config.json", "size": 2}],
+    )
+    mine_checkpoint = Checkpoint.objects.create(
+        workspace=mine.workspace,
+        job=mine,
+        step=5,
+        files=[{"path": "adapter_config.json", "size": 2}],
+    )
+    ((_, key),) = mine_checkpoint.file_keys()
+    store_for(mine.output_prefix).put_bytes(key, b"{}")
+    own = f"/jobs/{mine.public_id}/checkpoints/{mine_checkpoint.public_id}/adapter_config.json"
+    assert browser.get(own, follow=True).getvalue() == b"{}"  # signed at the click
     for url in (
         f"/jobs/{theirs_job}/",
         f"/jobs/{theirs_job}/logs.json",
@@ -70,6 +87,10 @@ def test_another_workspaces_job_volume_checkpoint_and_key_answer_404(
         f"/jobs/{theirs_job}/status.json",
         f"/volumes/{theirs_volume.public_id}/",
         "/volumes/secret-corpus/",
+        f"/jobs/{theirs_job}/checkpoints/{theirs_checkpoint.public_id}/adapter_config.json",
+        # Their checkpoint under my job's URL, and a file my checkpoint does not list.
+        f"/jobs/{mine.public_id}/checkpoints/{theirs_checkpoint.public_id}/adapter_config.json",
+        f"/jobs/{mine.public_id}/checkpoints/{mine_checkpoint.public_id}/../other/x",
     ):
         assert browser.get(url).status_code == 404, url
     for url in (
@@ -135,8 +156,14 @@ def test_the_json_reads_return_what_the_worker_sent_after_a_cursor(browser, subm
     assert browser.get(f"/jobs/{job.public_id}/logs.json?after=junk").json()["lines"][0]["seq"] == 0
     metrics = browser.get(f"/jobs/{job.public_id}/metrics.json?after_step=1").json()
     assert [p["step"] for p in metrics["points"]] == [2, 3]
+    JobEvent.objects.create(
+        job=job, type="alarm_reward_flat", detail={"message": "The reward stayed at 0.5."}
+    )
     samples = browser.get(f"/jobs/{job.public_id}/samples.json").json()
     assert samples["samples"][0]["rewards"] == {"exact": 1.0}
+    assert [(a["type"], a["message"]) for a in samples["alarms"]] == [
+        ("alarm_reward_flat", "The reward stayed at 0.5.")
+    ]
     text = browser.get(f"/jobs/{job.public_id}/log.txt")
     assert text.content.decode().splitlines() == [f"line {i}" for i in range(5)]
 
@@ -171,6 +198,20 @@ def test_a_new_api_key_is_shown_once_and_works_until_revoked(browser, billed):
     key = ApiKey.objects.get(name="laptop")
     browser.post(f"/keys/{key.prefix}/revoke/")
     assert services.authenticate_api_key(raw_key=raw) is None
+
+
+def test_password_change_keeps_the_user_signed_in(owner):
+    client = signed_in(owner)
+    assert client.get("/accounts/password_change/").status_code == 200
+    new = "another long password 2"
+    response = client.post(
+        "/accounts/password_change/",
+        {"old_password": PASSWORD, "new_password1": new, "new_password2": new},
+        follow=True,
+    )
+    assert "Password changed" in response.content.decode()
+    assert client.get("/jobs/").status_code == 200
+    assert Client().login(username="owner@acme.test", password=new)
 
 
 def test_a_member_of_two_workspaces_switches_between_them(owner, billed):

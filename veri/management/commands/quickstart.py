@@ -109,6 +109,7 @@ class Command(BaseCommand):
             f"  .venv/bin/veri volumes ls {DEMO_VOLUME}\n"
             "  .venv/bin/veri train examples/train_grpo.py   # one decorated reward, one command\n"
             "  .venv/bin/veri billing\n"
+            f"  open http://127.0.0.1:8000/ and sign in as {DEMO_OWNER} (password above)\n"
             "  .venv/bin/python manage.py createsuperuser   # then open http://127.0.0.1:8000/admin/\n"
         )
 
