@@ -130,6 +130,7 @@ def job_status(request, job_id: str):
             "last_step": job.last_step,
             "finished": job.is_terminal,
             "cost_usd": usd(job.cost_micros) if job.cost_micros is not None else None,
+            "checkpoints": selectors.list_checkpoints(job=job).count(),
         }
     )
 

@@ -117,6 +117,9 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
         f"Number(document.querySelector('[data-log]').dataset.lines) > {seen}", timeout=30_000
     )
     # A reader who scrolled up keeps their place while lines are added; at the bottom, they follow.
+    page.wait_for_function(
+        "(l => l.scrollHeight > l.clientHeight + 100)(document.querySelector('[data-log]'))"
+    )
     page.evaluate("document.querySelector('[data-log]').scrollTop = 0")
     grown = number(page, log, "data-lines")
     page.wait_for_function(
@@ -170,6 +173,8 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     # The job ends; the page says so without a reload and the checkpoints can be fetched.
     expect(page.locator(".actions [data-status]")).to_have_text("completed", timeout=240_000)
     expect(page.locator("[data-live]")).to_have_text("finished", timeout=10_000)
+    expect(page.locator("[data-checkpoint-count]")).not_to_have_text("0")
+    expect(page.locator("[data-cost]")).to_contain_text("USD", timeout=30_000)
     page.screenshot(path=str(shots / "samples-tab.png"))
     page.click("[data-tab=logs]")
     page.screenshot(path=str(shots / "logs-tab.png"), full_page=True)
@@ -194,7 +199,7 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
 
     # A phone: nothing is wider than the screen.
     page.set_viewport_size({"width": 375, "height": 812})
-    for url in (f"/jobs/{job_id}/#logs", f"/jobs/{job_id}/#samples", "/jobs/", "/billing/"):
+    for url in ("/billing/", f"/jobs/{job_id}/#samples", f"/jobs/{job_id}/#logs", "/jobs/"):
         page.goto(live_server.url + url)
         page.wait_for_load_state("networkidle")
         assert_fits_the_screen(page)

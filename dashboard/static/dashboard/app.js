@@ -135,7 +135,8 @@ function setupLogs(root, onFinished) {
   return poll(async () => {
     const body = await getJSON(`${box.closest("[data-job]").dataset.logsUrl}?after=${after}`);
     if (body.lines.length) {
-      const follow = followed || atBottom();
+      // Hidden (another tab) the box has no height: remember where the reader was instead.
+      const follow = box.clientHeight === 0 ? followed : atBottom();
       const fragment = document.createDocumentFragment();
       for (const { text } of body.lines) {
         const line = document.createElement("span");
@@ -149,6 +150,7 @@ function setupLogs(root, onFinished) {
       box.dataset.lines = String(Number(box.dataset.lines || 0) + body.lines.length);
       if (query) countMatches();
       if (follow) box.scrollTop = box.scrollHeight;
+      followed = follow;
     }
     after = body.next_seq;
     if (body.finished) { onFinished(); return true; }
@@ -259,6 +261,9 @@ function setupSamples(root, series) {
 
 function setupStatus(root) {
   const url = root.dataset.statusUrl;
+  const count = root.querySelector("[data-checkpoint-count]");
+  const listed = Number(count.textContent);
+  let pollsSinceEnd = 0;
   return poll(async () => {
     const body = await getJSON(url);
     for (const badge of root.querySelectorAll("[data-status]")) {
@@ -267,13 +272,15 @@ function setupStatus(root) {
     }
     const step = root.querySelector("[data-step]");
     if (body.last_step !== null) step.textContent = `step ${body.last_step}`;
-    if (body.finished) {
-      root.dataset.finished = "true";
-      root.querySelector("form[action$='/cancel/']")?.remove();
-      if (body.cost_usd) root.querySelector("[data-cost]").textContent = `${body.cost_usd} USD`;
-      return true;
-    }
-    return false;
+    count.textContent = String(body.checkpoints);
+    root.querySelector("[data-new-checkpoints]").hidden = body.checkpoints === listed;
+    if (!body.finished) return false;
+    root.dataset.finished = "true";
+    root.querySelector("form[action$='/cancel/']")?.remove();
+    if (body.cost_usd) root.querySelector("[data-cost]").textContent = `${body.cost_usd} USD`;
+    // The charge is written a moment after the end: keep asking a little while for it.
+    pollsSinceEnd += 1;
+    return body.cost_usd !== null || pollsSinceEnd > 10;
   }, POLL.status);
 }
 
