@@ -11,9 +11,9 @@ from billing import services as billing
 from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, TopUpForm
-from dashboard.workspaces import workspace_view
+from dashboard.workspaces import or_404, workspace_view
 from veri import selectors, services
-from veri.errors import NotFound, VeriError
+from veri.errors import VeriError
 
 
 @workspace_view
@@ -67,10 +67,7 @@ def api_keys(request):
 @require_POST
 @workspace_view
 def api_key_revoke(request, prefix: str):
-    try:
-        key = selectors.get_api_key(workspace=request.workspace, prefix=prefix)
-    except NotFound:
-        raise Http404 from None
+    key = or_404(selectors.get_api_key, workspace=request.workspace, prefix=prefix)
     services.revoke_api_key(api_key=key)
     messages.success(request, f"Revoked {key}.")
     return redirect("dashboard:keys")

@@ -14,14 +14,14 @@ from django.views.decorators.http import require_POST
 
 from billing.services import usd
 from dashboard.forms import SUBMIT_FIELDS, NewJobForm
-from dashboard.workspaces import workspace_view
+from dashboard.workspaces import int_param, or_404, workspace_view
 from providers.models import Instance
 from training import errors, selectors
 from training.models import JobStatus
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
-from veri.errors import NotFound, VeriError
+from veri.errors import VeriError
 
 PAGE = 25
 LOG_LINES = 1000
@@ -29,10 +29,7 @@ SAMPLES = 200
 
 
 def _job(request, job_id: str):
-    try:
-        return selectors.get_job(workspace=request.workspace, job_id=job_id)
-    except NotFound:
-        raise Http404 from None
+    return or_404(selectors.get_job, workspace=request.workspace, job_id=job_id)
 
 
 @workspace_view
@@ -139,10 +136,7 @@ def job_status(request, job_id: str):
 def job_logs(request, job_id: str):
     """Lines after `?after=` (the Logs tab's live tail)."""
     job = _job(request, job_id)
-    try:
-        after = int(request.GET.get("after", -1))
-    except ValueError:
-        after = -1
+    after = int_param(request, "after", -1)
     lines = selectors.log_lines_after(job=job, after=after, limit=LOG_LINES)
     return JsonResponse(
         {
@@ -168,10 +162,7 @@ def job_full_log(request, job_id: str):
 def job_metrics(request, job_id: str):
     """Points after `?after_step=` (the Metrics tab's live charts)."""
     job = _job(request, job_id)
-    try:
-        after = int(request.GET.get("after_step", -1))
-    except ValueError:
-        after = -1
+    after = int_param(request, "after_step", -1)
     points = selectors.list_metrics(job=job).filter(step__gt=after).order_by("step")[:5000]
     return JsonResponse(
         {

@@ -4,24 +4,20 @@ import json
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from dashboard.forms import ConfirmNameForm
-from dashboard.workspaces import workspace_view
+from dashboard.workspaces import or_404, workspace_view
 from training import selectors as training_selectors
-from veri.errors import NotFound, VeriError
+from veri.errors import VeriError
 from volumes import selectors, services
 
 PAGE = 50
 
 
 def _volume(request, volume_id: str):
-    try:
-        return selectors.get_volume(workspace=request.workspace, id_or_name=volume_id)
-    except NotFound:
-        raise Http404 from None
+    return or_404(selectors.get_volume, workspace=request.workspace, id_or_name=volume_id)
 
 
 @workspace_view

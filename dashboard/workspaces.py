@@ -4,8 +4,10 @@ still a member of it, else their first. Views get it as `request.workspace`."""
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import render
 
+from veri.errors import NotFound
 from veri.models import Membership, Workspace
 
 SESSION_KEY = "veri_workspace"
@@ -46,3 +48,19 @@ def workspace_view(view):
         return view(request, *args, **kwargs)
 
     return wrapped
+
+
+def or_404(read, **kwargs):
+    """What a workspace-scoped selector reads, or the page's 404 (another workspace's object
+    included)."""
+    try:
+        return read(**kwargs)
+    except NotFound:
+        raise Http404 from None
+
+
+def int_param(request, name: str, default: int) -> int:
+    try:
+        return int(request.GET.get(name, default))
+    except ValueError:
+        return default

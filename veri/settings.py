@@ -123,6 +123,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 AUTHENTICATION_BACKENDS = ["veri.auth.EmailBackend"]
+# A production deployment is served over HTTPS: its session and CSRF cookies never travel in clear.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("VERI_PRODUCTION")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

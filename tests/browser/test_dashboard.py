@@ -213,6 +213,7 @@ def test_failed_job_volume_delete_and_another_workspaces_pages(
     submit,
     workspace,
     billed,
+    tmp_path,
 ):
     """No training here: a job that failed through the platform's fault, settled by the real
     tasks, and objects of a second workspace."""
@@ -235,6 +236,7 @@ def test_failed_job_volume_delete_and_another_workspaces_pages(
     )
     expect(error.locator("[data-refund]")).to_contain_text("credited")
     assert_fits_the_screen(page)
+    page.screenshot(path=str(screenshots_dir(tmp_path) / "failed-job-phone.png"), full_page=True)
 
     page.goto(f"{live_server.url}/volumes/{volume.public_id}/")
     assert_fits_the_screen(page)
