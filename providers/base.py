@@ -65,6 +65,11 @@ class ProviderAdapter:
         """Stop the instance and everything on it; terminating a gone instance is fine."""
         raise NotImplementedError
 
+    def tagged_instances(self) -> dict[str, str]:
+        """This deployment's machines that are not gone yet, each with the job id it was tagged
+        with ("" when the tag is missing); the orphan sweeper terminates those of ended jobs."""
+        return {}
+
     def available_regions(self, gpu_type: str) -> list[str] | None:
         """Regions where `gpu_type` can launch right now, as the provider reports; None when it
         does not say (capacity is then found out by launching)."""

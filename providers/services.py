@@ -1,12 +1,18 @@
-"""Which providers this deployment can use, and their adapters."""
+"""Which providers this deployment can use, their adapters, and the sweep for machines left
+renting."""
 
+import logging
 from functools import cache
 
 from django.conf import settings
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from providers.base import ProviderAdapter
 from providers.catalog import ProviderSpec, providers
+from providers.models import Instance
+
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -32,3 +38,34 @@ def default_provider() -> str:
     if settings.VERI_DEFAULT_PROVIDER:
         return settings.VERI_DEFAULT_PROVIDER
     return "aws" if is_usable("aws") else "local"
+
+
+def sweep_orphans() -> list[str]:
+    """Terminate every machine tagged as ours that no live job owns: its job ended or is unknown,
+    or the job's recorded instance is another one (a launch that was retried). A live job whose
+    launch is still in flight (no instance id recorded yet) keeps its machine."""
+    from training.models import TERMINAL, TrainingJob  # training depends on providers
+
+    swept = []
+    for name in settings.VERI_PROVIDER_ADAPTERS:
+        adapter = get_adapter(name)
+        if not adapter.is_configured():
+            continue
+        tagged = adapter.tagged_instances()
+        if not tagged:
+            continue
+        live = dict(
+            TrainingJob.objects.filter(public_id__in=set(tagged.values()))
+            .exclude(status__in=TERMINAL)
+            .values_list("public_id", "instance__external_id")
+        )
+        for external_id, job_id in tagged.items():
+            if job_id in live and live[job_id] in (None, "", external_id):
+                continue
+            adapter.terminate(external_id)
+            Instance.objects.filter(
+                provider=name, external_id=external_id, terminated_at__isnull=True
+            ).update(terminated_at=timezone.now())
+            log.warning("swept %s instance %s of job %r", name, external_id, job_id or "?")
+            swept.append(external_id)
+    return swept

@@ -226,11 +226,12 @@ class Checkpoint(models.Model):
 
 class WatchdogState(models.Model):
     """The one row behind the watchdog's tick chain: which run of it is current, and when it
-    last ticked and archived logs (see `training.tasks.watch_tick`)."""
+    last ticked, archived logs and swept for orphaned machines (see `training.tasks.watch_tick`)."""
 
     run = models.CharField(max_length=32, blank=True)
     last_tick_at = models.DateTimeField(null=True)
     last_archive_at = models.DateTimeField(null=True)
+    last_sweep_at = models.DateTimeField(null=True)  # providers' orphaned machines
 
     def __str__(self) -> str:
         return f"watchdog run {self.run or '-'} at {self.last_tick_at}"

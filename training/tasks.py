@@ -15,6 +15,7 @@ from django_q.tasks import async_task
 
 from billing import services as billing
 from providers import catalog
+from providers import services as provider_services
 from providers.base import (
     CapacityError,
     ControlPlaneUnreachable,
@@ -344,6 +345,11 @@ def watch_tick(*, run: str, due: float) -> str:
             Q(last_archive_at__isnull=True) | Q(last_archive_at__lte=archive_after), pk=1
         ).update(last_archive_at=now):
             archive_running_logs()
+        sweep_after = now - timedelta(seconds=settings.VERI_SWEEP_SECONDS)
+        if WatchdogState.objects.filter(
+            Q(last_sweep_at__isnull=True) | Q(last_sweep_at__lte=sweep_after), pk=1
+        ).update(last_sweep_at=now):
+            provider_services.sweep_orphans()
     finally:
         _next_tick(run=run, due=time.time() + period)
     return "ticked"

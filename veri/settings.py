@@ -199,7 +199,23 @@ VERI_IDEMPOTENCY_STALE_SECONDS = int(env("VERI_IDEMPOTENCY_STALE_SECONDS", "600"
 VERI_PUBLIC_URL = env("VERI_PUBLIC_URL", "http://127.0.0.1:8000")  # what workers call back
 VERI_DATASET_MAX_BYTES = int(env("VERI_DATASET_MAX_BYTES", str(100 * 1024**2)))
 VERI_DEFAULT_PROVIDER = env("VERI_DEFAULT_PROVIDER")
-VERI_PROVIDER_ADAPTERS = {"local": "providers.local.LocalProvider"}
+# Which providers this deployment offers (VERI_PROVIDERS=local,aws), and their adapters.
+KNOWN_PROVIDER_ADAPTERS = {
+    "local": "providers.local.LocalProvider",
+    "aws": "providers.aws.AwsProvider",
+}
+VERI_PROVIDERS = [p.strip() for p in (env("VERI_PROVIDERS") or "local").split(",") if p.strip()]
+if unknown := set(VERI_PROVIDERS) - set(KNOWN_PROVIDER_ADAPTERS):
+    raise ImproperlyConfigured(
+        f"VERI_PROVIDERS names unknown providers {sorted(unknown)}; known: "
+        f"{', '.join(KNOWN_PROVIDER_ADAPTERS)}."
+    )
+VERI_PROVIDER_ADAPTERS = {name: KNOWN_PROVIDER_ADAPTERS[name] for name in VERI_PROVIDERS}
+VERI_AWS_AMI_ID = env("VERI_AWS_AMI_ID")  # unset: AWS's Deep Learning AMI, looked up per region
+VERI_AWS_DISK_GB = int(env("VERI_AWS_DISK_GB", "200"))
+# What a rented machine installs to run the worker (unset: this version of Veri) and from where.
+VERI_WORKER_PACKAGE = env("VERI_WORKER_PACKAGE")
+VERI_WORKER_INDEX_URL = env("VERI_WORKER_INDEX_URL")
 VERI_LOCAL_PRICE_PER_HOUR = env("VERI_LOCAL_PRICE_PER_HOUR", "0.10")
 VERI_LOCAL_SLOTS = int(env("VERI_LOCAL_SLOTS", "1"))
 VERI_LOCAL_INSTANCES_DIR = env("VERI_LOCAL_INSTANCES_DIR") or str(STATE_DIR / "instances")
@@ -220,6 +236,8 @@ VERI_LOCAL_REGISTER_TIMEOUT_SECONDS = int(env("VERI_LOCAL_REGISTER_TIMEOUT_SECON
 VERI_CONFIGURING_TIMEOUT_SECONDS = int(env("VERI_CONFIGURING_TIMEOUT_SECONDS", "1800"))
 VERI_WORKER_SILENT_SECONDS = int(env("VERI_WORKER_SILENT_SECONDS", "900"))
 VERI_LOG_ARCHIVE_SECONDS = int(env("VERI_LOG_ARCHIVE_SECONDS", "10"))
+# How often every provider is asked for machines tagged as ours whose job has ended.
+VERI_SWEEP_SECONDS = int(env("VERI_SWEEP_SECONDS", "300"))
 VERI_WATCH_PERIOD_SECONDS = float(env("VERI_WATCH_PERIOD_SECONDS", "5"))
 STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY") or ""
 STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET") or ""

@@ -1,0 +1,195 @@
+"""AWS EC2 through boto3: on-demand GPU instances in Veri's own account, tagged with the job, booted
+with the worker's bootstrap as user-data. Credentials come from boto3's chain (AWS_* variables, a
+profile, an instance role); AWS_ENDPOINT_URL points it elsewhere (tests use moto)."""
+
+import time
+from functools import cache
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from django.conf import settings
+
+from providers import bootstrap, catalog
+from providers.base import (
+    CapacityError,
+    InstanceState,
+    LaunchSpec,
+    ProviderAdapter,
+    ProviderError,
+    QuotaError,
+)
+from veri.health import deployment_id
+
+JOB_TAG = "veri:job"
+DEPLOYMENT_TAG = "veri:deployment"  # several deployments may share one AWS account
+# The instance types of each catalog GPU by how many GPUs they carry; a job gets the smallest
+# that holds its gpu_count.
+INSTANCE_TYPES: dict[str, tuple[tuple[int, str], ...]] = {
+    "L4-24GB": ((1, "g6.xlarge"), (4, "g6.12xlarge"), (8, "g6.48xlarge")),
+    "A10G-24GB": ((1, "g5.xlarge"), (4, "g5.12xlarge"), (8, "g5.48xlarge")),
+    "A100-80GB": ((8, "p4de.24xlarge"),),
+    "H100-80GB": ((8, "p5.48xlarge"),),
+}
+CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported"}
+QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
+GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
+AVAILABILITY_TTL_SECONDS = 60
+# The DLAMI with NVIDIA drivers and Python 3, published by AWS per region.
+DEFAULT_AMI_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+
+
+def instance_type(gpu_type: str, gpu_count: int) -> str | None:
+    return next((t for n, t in INSTANCE_TYPES.get(gpu_type, ()) if n >= gpu_count), None)
+
+
+def external_id(region: str, instance_id: str) -> str:
+    """Veri's id of an instance: the region is part of it, as EC2 ids are per region."""
+    return f"{region}/{instance_id}"
+
+
+def split_id(external: str) -> tuple[str, str]:
+    region, _, instance_id = external.partition("/")
+    return region, instance_id
+
+
+class AwsProvider(ProviderAdapter):
+    name = "aws"
+
+    def __init__(self):
+        self._availability: dict[str, tuple[float, list[str]]] = {}
+
+    @staticmethod
+    @cache
+    def client(service: str, region: str):
+        return boto3.client(
+            service,
+            region_name=region,
+            endpoint_url=settings.AWS_ENDPOINT_URL or None,
+            config=Config(connect_timeout=10, read_timeout=30, retries={"mode": "standard"}),
+        )
+
+    def is_configured(self) -> bool:
+        return boto3.Session().get_credentials() is not None
+
+    def regions(self) -> list[str]:
+        return list(catalog.get_provider(self.name).zones)
+
+    def image_id(self, region: str) -> str:
+        if settings.VERI_AWS_AMI_ID:
+            return settings.VERI_AWS_AMI_ID
+        answer = self.client("ssm", region).get_parameter(Name=DEFAULT_AMI_PARAMETER)
+        return answer["Parameter"]["Value"]
+
+    def launch(self, spec: LaunchSpec) -> str:
+        kind = instance_type(spec.gpu_type, spec.gpu_count)
+        if kind is None:
+            raise CapacityError(f"EC2 has no instance type with {spec.gpu_count}x {spec.gpu_type}")
+        tags = [
+            {"Key": JOB_TAG, "Value": spec.job_id},
+            {"Key": DEPLOYMENT_TAG, "Value": deployment_id()},
+            {"Key": "Name", "Value": f"veri {spec.job_id}"},
+        ]
+        try:
+            answer = self.client("ec2", spec.region).run_instances(
+                ImageId=self.image_id(spec.region),
+                InstanceType=kind,
+                MinCount=1,
+                MaxCount=1,
+                Placement={"AvailabilityZone": spec.zone},
+                UserData=bootstrap.render(spec),
+                InstanceInitiatedShutdownBehavior="terminate",
+                BlockDeviceMappings=[
+                    {
+                        "DeviceName": "/dev/sda1",
+                        "Ebs": {"VolumeSize": settings.VERI_AWS_DISK_GB, "VolumeType": "gp3"},
+                    }
+                ],
+                TagSpecifications=[
+                    {"ResourceType": "instance", "Tags": tags},
+                    {"ResourceType": "volume", "Tags": tags},
+                ],
+            )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            message = f"{code}: {exc.response.get('Error', {}).get('Message', '')}"
+            if code in CAPACITY_CODES:
+                raise CapacityError(f"{kind} in {spec.zone}: {message}") from exc
+            if code in QUOTA_CODES:
+                raise QuotaError(f"{kind} in {spec.region}: {message}") from exc
+            raise ProviderError(f"EC2 refused {kind} in {spec.zone}: {message}") from exc
+        except BotoCoreError as exc:
+            raise ProviderError(f"EC2 could not be reached: {exc}") from exc
+        return external_id(spec.region, answer["Instances"][0]["InstanceId"])
+
+    def _describe(self, region: str, **query) -> list[dict]:
+        pages = self.client("ec2", region).get_paginator("describe_instances").paginate(**query)
+        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+    def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
+        by_region: dict[str, list[str]] = {}
+        for external in instance_ids:
+            region, instance_id = split_id(external)
+            by_region.setdefault(region, []).append(instance_id)
+        found: dict[str, InstanceState] = {}
+        for region, ids in by_region.items():
+            for instance in self._describe(
+                region, Filters=[{"Name": "instance-id", "Values": ids}]
+            ):
+                state = instance["State"]["Name"]
+                reason = instance.get("StateReason", {}).get("Code", "")
+                reclaimed = "SpotInstanceTermination" in reason or reason == "Server.InternalError"
+                found[external_id(region, instance["InstanceId"])] = InstanceState(
+                    alive=state not in GONE_STATES,
+                    reason="reclaimed" if state in GONE_STATES and reclaimed else None,
+                )
+        # An instance EC2 no longer lists is gone.
+        return {i: found.get(i, InstanceState(alive=False)) for i in instance_ids}
+
+    def terminate(self, instance_id: str) -> None:
+        region, ec2_id = split_id(instance_id)
+        try:
+            self.client("ec2", region).terminate_instances(InstanceIds=[ec2_id])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
+                raise
+
+    def tagged_instances(self) -> dict[str, str]:
+        """Every instance of this deployment that is not yet gone, with the job it was for."""
+        found = {}
+        for region in self.regions():
+            for instance in self._describe(
+                region,
+                Filters=[
+                    {"Name": f"tag:{DEPLOYMENT_TAG}", "Values": [deployment_id()]},
+                    {"Name": "instance-state-name", "Values": ["pending", "running", "stopped"]},
+                ],
+            ):
+                tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                found[external_id(region, instance["InstanceId"])] = tags.get(JOB_TAG, "")
+        return found
+
+    def available_regions(self, gpu_type: str) -> list[str] | None:
+        """Regions that offer the 1-GPU (or smallest) shape in some zone, asked at most once a
+        minute per GPU type."""
+        cached = self._availability.get(gpu_type)
+        if cached and time.monotonic() - cached[0] < AVAILABILITY_TTL_SECONDS:
+            return cached[1]
+        kind = instance_type(gpu_type, 1)
+        if kind is None:
+            return []
+        regions = []
+        try:
+            for region in self.regions():
+                offers = self.client("ec2", region).describe_instance_type_offerings(
+                    LocationType="availability-zone",
+                    Filters=[{"Name": "instance-type", "Values": [kind]}],
+                )
+                if offers["InstanceTypeOfferings"]:
+                    regions.append(region)
+        except (ClientError, BotoCoreError, NoCredentialsError):
+            return None  # EC2 did not say: capacity is found out by launching
+        self._availability[gpu_type] = (time.monotonic(), regions)
+        return regions

@@ -1,0 +1,70 @@
+"""A real HTTP proxy in front of moto's EC2 that refuses chosen launches the way EC2 does (an
+error document with EC2's code) and records every action asked of it."""
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+import httpx
+
+ERROR = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
+    "<Message>{message}</Message></Error></Errors><RequestID>injected</RequestID></Response>"
+)
+
+
+class Ec2Proxy:
+    def __init__(self, upstream: str):
+        self.upstream = upstream.rstrip("/")
+        self.refusals: dict[str, str] = {}  # zone -> EC2 error code for RunInstances there
+        self.actions: list[dict] = []  # every EC2 request's form fields (first values)
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                proxy.handle(self)
+
+            do_GET = do_POST
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def calls(self, action: str) -> list[dict]:
+        with self.lock:
+            return [a for a in self.actions if a.get("Action") == action]
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        body = request.rfile.read(int(request.headers.get("Content-Length") or 0))
+        fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+        with self.lock:
+            self.actions.append(fields)
+        zone = fields.get("Placement.AvailabilityZone", "")
+        if fields.get("Action") == "RunInstances" and zone in self.refusals:
+            code = self.refusals[zone]
+            payload = ERROR.format(code=code, message=f"injected {code} in {zone}").encode()
+            self._answer(request, 400, payload, "text/xml")
+            return
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+        answer = httpx.request(
+            request.command, self.upstream + request.path, headers=headers, content=body, timeout=60
+        )
+        self._answer(
+            request, answer.status_code, answer.content, answer.headers.get("content-type")
+        )
+
+    @staticmethod
+    def _answer(request, status: int, payload: bytes, content_type: str | None) -> None:
+        request.send_response(status)
+        request.send_header("Content-Type", content_type or "text/xml")
+        request.send_header("Content-Length", str(len(payload)))
+        request.end_headers()
+        request.wfile.write(payload)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

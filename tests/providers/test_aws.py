@@ -1,0 +1,304 @@
+"""The AWS adapter against moto's EC2 in server mode (the same moto server the S3 tests use),
+behind a proxy that refuses chosen launches with EC2's own error codes: jobs launch tagged
+instances with the worker's bootstrap, move to the next zone when one has no capacity, fail with
+the catalog's codes, terminate exactly once, and the sweeper ends machines no live job owns."""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from threading import Thread
+
+import boto3
+import httpx
+import pytest
+
+from providers import services as provider_services
+from providers.aws import DEPLOYMENT_TAG, JOB_TAG, AwsProvider
+from providers.base import LaunchSpec
+from providers.bootstrap import render
+from providers.models import Instance, LaunchAttempt
+from tests.providers.ec2_proxy import Ec2Proxy
+from tests.training.conftest import upload_dataset
+from training import tasks
+from training.models import TrainingJob
+from veri.health import deployment_id
+
+pytestmark = pytest.mark.django_db
+ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
+
+
+@pytest.fixture
+def ec2(s3_endpoint, settings):
+    """EC2 (moto, reset) behind the refusing proxy; the `aws` provider offered and usable."""
+    httpx.post(f"{s3_endpoint}/moto-api/reset")
+    proxy = Ec2Proxy(s3_endpoint)
+    settings.AWS_ENDPOINT_URL = proxy.url
+    settings.VERI_AWS_AMI_ID = "ami-0123456789abcdef0"
+    settings.VERI_PROVIDER_ADAPTERS = {
+        "local": "providers.local.LocalProvider",
+        "aws": "providers.aws.AwsProvider",
+    }
+    AwsProvider.client.cache_clear()
+    provider_services._adapter.cache_clear()
+    yield proxy
+    proxy.close()
+    AwsProvider.client.cache_clear()
+    provider_services._adapter.cache_clear()
+
+
+def ec2_client(endpoint: str):
+    return boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def instances(endpoint: str) -> list[dict]:
+    answer = ec2_client(endpoint).describe_instances()
+    return [i for r in answer["Reservations"] for i in r["Instances"]]
+
+
+def submit_aws(api_client, dataset, **fields) -> TrainingJob:
+    body = {
+        "base_model": "Qwen/Qwen2.5-0.5B",
+        "dataset_id": dataset["id"],
+        "method": "sft_text",
+        "provider": "aws",
+        "gpu_type": "L4-24GB",
+        "region": "us-east-1",
+        "hyperparameters": {"max_steps": 5},
+    } | fields
+    response = api_client.post("/v1/training_jobs", body, format="json")
+    assert response.status_code == 201, response.json()
+    return TrainingJob.objects.get(public_id=response.json()["id"])
+
+
+@pytest.fixture
+def sft_dataset(api_client, billed, settings, local_store_url):
+    settings.VERI_STORE = local_store_url
+    return upload_dataset(api_client, [{"text": f"row {i}"} for i in range(4)])
+
+
+def test_a_job_launches_a_tagged_instance_with_the_bootstrap_and_cancel_terminates_it_once(
+    ec2, api_client, sft_dataset, s3_endpoint
+):
+    job = submit_aws(api_client, sft_dataset)
+    assert tasks.provision_job(job_id=job.pk) != "not claimed"
+    [instance] = instances(s3_endpoint)
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    assert tags[JOB_TAG] == job.public_id and tags[DEPLOYMENT_TAG] == deployment_id()
+    assert instance["InstanceType"] == "g6.xlarge"
+    assert instance["Placement"]["AvailabilityZone"] == ZONES[0]
+    user_data = ec2_client(s3_endpoint).describe_instance_attribute(
+        InstanceId=instance["InstanceId"], Attribute="userData"
+    )["UserData"]["Value"]
+    script = base64.b64decode(user_data).decode()
+    assert f"-m worker run --job {job.public_id} --api http://" in script
+    assert "VERI_JOB_TOKEN=" in script and api_client.raw_key not in script
+    recorded = Instance.objects.get(job=job)
+    assert recorded.external_id == f"us-east-1/{instance['InstanceId']}"
+    assert (
+        provider_services.get_adapter("aws")
+        .states([recorded.external_id])[recorded.external_id]
+        .alive
+    )
+
+    assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").status_code == 200
+    api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")  # twice: still one terminate
+    [after] = instances(s3_endpoint)
+    assert after["State"]["Name"] == "terminated"
+    assert [c["InstanceId.1"] for c in ec2.calls("TerminateInstances")] == [instance["InstanceId"]]
+    assert (
+        not provider_services.get_adapter("aws")
+        .states([recorded.external_id])[recorded.external_id]
+        .alive
+    )
+
+
+def test_a_zone_without_capacity_moves_the_launch_to_the_next_zone(
+    ec2, api_client, sft_dataset, s3_endpoint
+):
+    ec2.refusals[ZONES[0]] = "InsufficientInstanceCapacity"
+    job = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=job.pk)
+    [instance] = instances(s3_endpoint)
+    assert instance["Placement"]["AvailabilityZone"] == ZONES[1]
+    outcomes = list(
+        LaunchAttempt.objects.filter(job=job).order_by("pk").values_list("zone", "outcome")
+    )
+    assert outcomes == [(ZONES[0], "capacity"), (ZONES[1], "launched")]
+
+
+@pytest.mark.parametrize(
+    ("refusal", "code"),
+    [
+        ("InsufficientInstanceCapacity", "CAPACITY_UNAVAILABLE"),
+        ("VcpuLimitExceeded", "QUOTA_EXCEEDED"),
+    ],
+)
+def test_refusals_in_every_zone_fail_with_the_catalogs_code_and_bill_nothing(
+    ec2, api_client, sft_dataset, s3_endpoint, refusal, code
+):
+    for zone in ZONES:
+        ec2.refusals[zone] = refusal
+    job = submit_aws(api_client, sft_dataset, max_launch_attempts=3)
+    tasks.provision_job(job_id=job.pk)
+    job.refresh_from_db()
+    assert (job.status, job.error_code) == ("failed", code)
+    assert instances(s3_endpoint) == []
+    tasks.settle_job(job_id=job.pk)
+    job.refresh_from_db()
+    assert job.cost_micros == 0
+    body = api_client.get(f"/v1/training_jobs/{job.public_id}").json()
+    assert body["error"]["code"] == code
+    if code == "QUOTA_EXCEEDED":
+        assert "or use:" in body["error"]["message"]
+
+
+def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
+    ec2, api_client, sft_dataset, s3_endpoint
+):
+    live = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=live.pk)
+    ended = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=ended.pk)
+    # The job ended, but its machine was left running (a terminate that never reached EC2).
+    TrainingJob.objects.filter(pk=ended.pk).update(status="failed", error_code="worker_failed")
+    client = ec2_client(s3_endpoint)
+
+    def launch_tagged(job_id: str, deployment: str) -> str:
+        tags = [{"Key": JOB_TAG, "Value": job_id}, {"Key": DEPLOYMENT_TAG, "Value": deployment}]
+        answer = client.run_instances(
+            ImageId="ami-0123456789abcdef0",
+            InstanceType="g6.xlarge",
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )
+        return answer["Instances"][0]["InstanceId"]
+
+    unknown = launch_tagged("job_neverexisted", deployment_id())
+    duplicate = launch_tagged(live.public_id, deployment_id())  # a second machine for a live job
+    someone_elses = launch_tagged("job_theirs", "another-deployment")
+    swept = provider_services.sweep_orphans()
+    ended_id = Instance.objects.get(job=ended).external_id
+    assert sorted(swept) == sorted([ended_id, f"us-east-1/{unknown}", f"us-east-1/{duplicate}"])
+    states = {i["InstanceId"]: i["State"]["Name"] for i in instances(s3_endpoint)}
+    live_id = Instance.objects.get(job=live).external_id.split("/")[1]
+    assert states[live_id] == "running" and states[someone_elses] == "running"
+    assert Instance.objects.get(job=ended).terminated_at is not None
+    assert provider_services.sweep_orphans() == []  # nothing left to sweep
+
+
+def test_gpus_for_aws_say_where_each_gpu_can_launch_now(ec2, api_client):
+    rows = api_client.get("/v1/gpus", {"provider": "aws"}).json()["data"]
+    by_gpu = {r["gpu_type"]: r for r in rows}
+    assert by_gpu["L4-24GB"]["usable"] is True
+    assert "us-east-1" in by_gpu["L4-24GB"]["available_regions"]
+    assert len(ec2.calls("DescribeInstanceTypeOfferings")) > 0
+    asked = len(ec2.calls("DescribeInstanceTypeOfferings"))
+    api_client.get("/v1/gpus", {"provider": "aws"})
+    assert len(ec2.calls("DescribeInstanceTypeOfferings")) == asked  # cached for a minute
+
+
+def test_veri_providers_names_what_a_deployment_offers(tmp_path):
+    env = {**os.environ, "VERI_PROVIDERS": "local,aws"}
+    code = "from django.conf import settings; print(sorted(settings.VERI_PROVIDER_ADAPTERS))"
+    out = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "veri.settings"},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.stdout.strip() == "['aws', 'local']", out.stderr
+    bad = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**env, "VERI_PROVIDERS": "local,azure", "DJANGO_SETTINGS_MODULE": "veri.settings"},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert bad.returncode != 0 and "unknown providers ['azure']" in bad.stderr
+
+
+def fake_worker_wheel(folder: Path) -> Path:
+    """A wheel named like Veri whose `python -m worker run ...` writes down its arguments and the
+    environment it was given, served from a package index on loopback."""
+    wheel = folder / "veri-0.1.0-py3-none-any.whl"
+    main = (
+        "import json, os, sys\n"
+        "out = os.path.join(os.environ['VERI_WORK_DIR'], 'ran.json')\n"
+        "env = {k: v for k, v in os.environ.items() if k.startswith('VERI_')}\n"
+        "json.dump({'argv': sys.argv[1:], 'env': env, 'cwd': os.getcwd()}, open(out, 'w'))\n"
+    )
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("worker/__init__.py", "")
+        z.writestr("worker/__main__.py", main)
+        z.writestr(
+            "veri-0.1.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: veri\nVersion: 0.1.0\nProvides-Extra: worker\n",
+        )
+        z.writestr(
+            "veri-0.1.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr("veri-0.1.0.dist-info/RECORD", "")
+    return wheel
+
+
+def test_the_bootstrap_installs_the_pinned_worker_and_runs_the_job_with_its_token(
+    tmp_path, settings
+):
+    index = tmp_path / "index"
+    (index / "veri").mkdir(parents=True)
+    wheel = fake_worker_wheel(index / "veri")
+    (index / "veri" / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>')
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(index))
+    )
+    Thread(target=server.serve_forever, daemon=True).start()
+    settings.VERI_WORKER_INDEX_URL = f"http://127.0.0.1:{server.server_port}/"
+    settings.VERI_WORKER_PACKAGE = ""
+    token = "veri_jt_secret'with quote"
+    script = render(
+        LaunchSpec(
+            job_id="job_abc",
+            region="us-east-1",
+            zone="us-east-1a",
+            gpu_type="L4-24GB",
+            gpu_count=1,
+            api_url="https://veri.example.com",
+            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": "https://veri.example.com"},
+        )
+    )
+    assert "veri[worker]==0.1.0" in script  # pinned to this control plane's version
+    root = tmp_path / "machine"
+    shutdown = tmp_path / "shutdown-called"
+    fake_shutdown = tmp_path / "shutdown"
+    fake_shutdown.write_text(f'#!/bin/sh\necho "$@" > {shutdown}\n')
+    fake_shutdown.chmod(0o755)
+    result = subprocess.run(
+        ["bash", "-c", script],
+        env={
+            "PATH": os.environ["PATH"],
+            "VERI_ROOT": str(root),
+            "VERI_SHUTDOWN": str(fake_shutdown),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    server.shutdown()
+    log = (root / "bootstrap.log").read_text() if (root / "bootstrap.log").exists() else ""
+    assert result.returncode == 0, result.stderr + log
+    ran = json.loads((root / "work" / "ran.json").read_text())
+    assert ran["argv"] == ["run", "--job", "job_abc", "--api", "https://veri.example.com"]
+    assert ran["env"]["VERI_JOB_TOKEN"] == token
+    assert ran["env"]["VERI_WORK_DIR"] == str(root / "work")
+    assert oct((root / "env").stat().st_mode & 0o777) == "0o600"
+    assert "[veri] worker exited with 0" in log
+    assert shutdown.read_text().split() == ["-h", "+10"]  # the machine ends itself if forgotten
