@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,7 @@ from providers.aws import DEPLOYMENT_TAG, JOB_TAG, AwsProvider
 from providers.base import LaunchSpec
 from providers.bootstrap import render
 from providers.models import Instance, LaunchAttempt
+from tests.e2e.conftest import qcluster  # noqa: F401 - the real task cluster
 from tests.providers.ec2_proxy import Ec2Proxy
 from tests.training.conftest import upload_dataset
 from training import tasks
@@ -302,3 +304,33 @@ def test_the_bootstrap_installs_the_pinned_worker_and_runs_the_job_with_its_toke
     assert oct((root / "env").stat().st_mode & 0o777) == "0o600"
     assert "[veri] worker exited with 0" in log
     assert shutdown.read_text().split() == ["-h", "+10"]  # the machine ends itself if forgotten
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_an_operator_with_aws_gets_jobs_launched_on_ec2_by_the_qcluster(
+    ec2,
+    api_client,
+    sft_dataset,
+    s3_endpoint,
+    qcluster,  # noqa: F811
+    settings,
+):
+    """VERI_PROVIDERS=local,aws for a real task cluster: the job launches on EC2 tagged with its
+    id, and cancelling it terminates the instance."""
+    qcluster(
+        VERI_PROVIDERS="local,aws",
+        AWS_ENDPOINT_URL=ec2.url,
+        VERI_AWS_AMI_ID=settings.VERI_AWS_AMI_ID,
+        VERI_STORE=settings.VERI_STORE,
+    )
+    job = submit_aws(api_client, sft_dataset)
+    deadline = time.monotonic() + 60
+    while not Instance.objects.filter(job=job).exclude(external_id="").exists():
+        assert time.monotonic() < deadline, "the qcluster never launched the job"
+        time.sleep(0.2)
+    [instance] = instances(s3_endpoint)
+    assert {t["Key"]: t["Value"] for t in instance["Tags"]}[JOB_TAG] == job.public_id
+    assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").status_code == 200
+    [after] = instances(s3_endpoint)
+    assert after["State"]["Name"] == "terminated"
