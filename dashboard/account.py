@@ -4,6 +4,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
@@ -52,16 +53,27 @@ def billing_page(request):
     )
 
 
+NEW_KEY = "veri_new_api_key"
+
+
 @workspace_view
 def api_keys(request):
-    form, new_key = ApiKeyForm(request.POST or None), None
+    """A new key is made on POST and shown by the GET it redirects to, once: the session hands
+    it over and forgets it, and no cache keeps the page (a reload or Back shows it no more)."""
+    form = ApiKeyForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        _, new_key = services.create_api_key(
+        _, raw_key = services.create_api_key(
             workspace=request.workspace, name=form.cleaned_data["name"]
         )
-        form = ApiKeyForm()
+        request.session[NEW_KEY] = raw_key
+        return redirect("dashboard:keys")
     keys = selectors.list_api_keys(workspace=request.workspace)
-    return render(request, "dashboard/keys.html", {"keys": keys, "form": form, "new_key": new_key})
+    new_key = request.session.pop(NEW_KEY, None)
+    response = render(
+        request, "dashboard/keys.html", {"keys": keys, "form": form, "new_key": new_key}
+    )
+    add_never_cache_headers(response)
+    return response
 
 
 @require_POST
@@ -69,7 +81,9 @@ def api_keys(request):
 def api_key_revoke(request, prefix: str):
     key = or_404(selectors.get_api_key, workspace=request.workspace, prefix=prefix)
     services.revoke_api_key(api_key=key)
-    messages.success(request, f"Revoked {key}.")
+    messages.success(
+        request, f"Revoked the key {key.prefix}{f' ({key.name})' if key.name else ''}."
+    )
     return redirect("dashboard:keys")
 
 

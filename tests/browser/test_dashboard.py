@@ -22,6 +22,7 @@ from tests.e2e.test_training import submit as submit_through_api
 from training.models import TrainingJob
 from veri import services
 from veri.models import Workspace
+from volumes.models import Volume
 from volumes.services import create_volume
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
@@ -199,12 +200,21 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
 
     # A phone: nothing is wider than the screen.
     page.set_viewport_size({"width": 375, "height": 812})
-    for url in ("/billing/", f"/jobs/{job_id}/#samples", f"/jobs/{job_id}/#logs", "/jobs/"):
+    phone_pages = {
+        "billing": "/billing/",
+        "job-samples": f"/jobs/{job_id}/#samples",
+        "job-checkpoints": f"/jobs/{job_id}/#checkpoints",
+        "job-logs": f"/jobs/{job_id}/#logs",
+        "volume": f"/volumes/{Volume.objects.get(workspace=workspace, name='models').public_id}/",
+        "jobs": "/jobs/",
+    }
+    for name, url in phone_pages.items():
         page.goto(live_server.url + url)
         page.wait_for_load_state("networkidle")
         assert_fits_the_screen(page)
-    page.screenshot(path=str(shots / "jobs-phone.png"), full_page=True)
+        page.screenshot(path=str(shots / f"phone-{name}.png"), full_page=True)
     assert (shots / "logs-tab.png").stat().st_size > 10_000
+    assert (shots / "phone-jobs.png").exists()
 
 
 def test_failed_job_volume_delete_and_another_workspaces_pages(
@@ -251,3 +261,10 @@ def test_failed_job_volume_delete_and_another_workspaces_pages(
     for url in (f"/volumes/{theirs.public_id}/", "/volumes/theirs/"):
         assert page.goto(live_server.url + url).status == 404
     assert Workspace.objects.count() == 2
+
+    # A page left open after the session ends says so, instead of silently going stale.
+    queued = submit()
+    page.goto(f"{live_server.url}/jobs/{queued.public_id}/")
+    expect(page.locator(".actions [data-status]")).to_have_text("queued")
+    page.context.clear_cookies()
+    expect(page.locator("[data-signed-out]")).to_contain_text("signed out", timeout=10_000)

@@ -190,14 +190,22 @@ def test_deleting_a_volume_needs_its_exact_name(browser, billed):
 
 
 def test_a_new_api_key_is_shown_once_and_works_until_revoked(browser, billed):
-    page = browser.post("/keys/", {"name": "laptop"}).content.decode()
+    response = browser.post("/keys/", {"name": "laptop"}, follow=True)
+    assert response.redirect_chain == [("/keys/", 302)]  # a reload cannot make a second key
+    assert "no-store" in response["Cache-Control"]  # nor Back show it again from a cache
+    page = response.content.decode()
     raw = re.search(r"data-new-key>(veri_sk_[0-9a-f]+_[0-9a-f]+)<", page).group(1)
     assert services.authenticate_api_key(raw_key=raw) is not None
     again = browser.get("/keys/").content.decode()
     assert raw not in again and "laptop" in again
+    assert ApiKey.objects.filter(name="laptop").count() == 1
     key = ApiKey.objects.get(name="laptop")
     browser.post(f"/keys/{key.prefix}/revoke/")
     assert services.authenticate_api_key(raw_key=raw) is None
+
+
+def test_no_emailed_password_reset_is_offered(owner):
+    assert Client().get("/accounts/password_reset/").status_code == 404
 
 
 def test_password_change_keeps_the_user_signed_in(owner):

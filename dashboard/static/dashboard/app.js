@@ -7,10 +7,24 @@ const POLL = { status: 3000, logs: 1500, metrics: 2500, samples: 5000 };
 const MAX_LOG_LINES = 20000; // older lines stay in the full-log download
 const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#9a6700", "#bf3989", "#1b7c83"];
 
+class SignedOut extends Error {}
+
 async function getJSON(url) {
-  const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+  // A redirect here is the sign-in page: the session ended.
+  const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin", redirect: "manual" });
+  if (response.type === "opaqueredirect" || response.status === 401 || response.status === 403) throw new SignedOut();
   if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
   return response.json();
+}
+
+function showSignedOut() {
+  if (document.querySelector("[data-signed-out]")) return;
+  const notice = document.createElement("p");
+  notice.className = "flash error";
+  notice.dataset.signedOut = "";
+  notice.setAttribute("role", "alert");
+  notice.innerHTML = 'You were signed out, so this page stopped updating. <a href="">Reload</a> to sign in again.';
+  document.querySelector("main").prepend(notice);
 }
 
 // Polls `tick` every `ms` until it returns true ("done"); a failed fetch is retried next time.
@@ -18,7 +32,12 @@ function poll(tick, ms) {
   let stopped = false;
   const run = async () => {
     let done = false;
-    try { done = await tick(); } catch (error) { console.warn(error); }
+    try {
+      done = await tick();
+    } catch (error) {
+      if (error instanceof SignedOut) { showSignedOut(); return; }
+      console.warn(error);
+    }
     if (done || stopped) return;
     setTimeout(run, document.hidden ? ms * 4 : ms);
   };
@@ -103,33 +122,47 @@ function setupLogs(root, onFinished) {
   const search = root.querySelector("[data-log-search]");
   const matches = root.querySelector("[data-log-matches]");
   let after = -1;
-  let query = "";
   let followed = true; // the reader is at the bottom: new lines scroll into view
 
   const atBottom = () => box.scrollHeight - box.scrollTop - box.clientHeight < 8;
   box.addEventListener("scroll", () => { followed = atBottom(); });
   box.addEventListener("shown", () => { if (followed) box.scrollTop = box.scrollHeight; });
 
+  let pattern = null; // the query as a case-insensitive regex: one rule to find and to mark
   const paint = (line) => {
     const text = line.dataset.text;
-    if (!query) { line.textContent = text; line.classList.remove("hidden"); return false; }
-    const at = text.toLowerCase().indexOf(query);
-    line.classList.toggle("hidden", at < 0);
-    if (at < 0) { line.textContent = text; return false; }
+    const marked = line.firstElementChild !== null;
+    if (!pattern) {
+      if (marked) line.textContent = text;
+      line.classList.remove("hidden");
+      return;
+    }
+    pattern.lastIndex = 0;
+    const found = pattern.test(text);
+    line.classList.toggle("hidden", !found);
+    if (!found) {
+      if (marked) line.textContent = text;
+      return;
+    }
     // Split on the query as a captured group: odd parts are the matches.
-    const parts = text.split(new RegExp(`(${escapeRegExp(query)})`, "ig"));
+    const parts = text.split(pattern);
     line.innerHTML = parts.map((part, i) => (i % 2 ? `<mark>${escapeHTML(part)}</mark>` : escapeHTML(part))).join("");
-    return true;
   };
   const countMatches = () => {
-    if (!query) { matches.textContent = ""; return; }
+    if (!pattern) { matches.textContent = ""; return; }
     const shown = box.querySelectorAll(".line:not(.hidden)").length;
     matches.textContent = `${shown} matching line${shown === 1 ? "" : "s"}`;
   };
+  let typing = null;
   search.addEventListener("input", () => {
-    query = search.value.trim().toLowerCase();
-    for (const line of box.children) paint(line);
-    countMatches();
+    // Repainting every line on each keystroke would freeze a long log: wait for a pause.
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      const query = search.value.trim();
+      pattern = query ? new RegExp(`(${escapeRegExp(query)})`, "giu") : null;
+      for (const line of box.children) paint(line);
+      countMatches();
+    }, 250);
   });
 
   return poll(async () => {
@@ -141,14 +174,16 @@ function setupLogs(root, onFinished) {
       for (const { text } of body.lines) {
         const line = document.createElement("span");
         line.className = "line";
-        line.dataset.text = text + "\n";
-        paint(line);
+        // A progress bar redraws itself with carriage returns: show its last state.
+        line.dataset.text = text.slice(text.lastIndexOf("\r", text.length - 2) + 1) + "\n";
+        line.textContent = line.dataset.text;
+        if (pattern) paint(line);
         fragment.appendChild(line);
       }
       box.appendChild(fragment);
       while (box.children.length > MAX_LOG_LINES) box.firstChild.remove();
       box.dataset.lines = String(Number(box.dataset.lines || 0) + body.lines.length);
-      if (query) countMatches();
+      if (pattern) countMatches();
       if (follow) box.scrollTop = box.scrollHeight;
       followed = follow;
     }
@@ -227,7 +262,9 @@ function renderSamples(root, body) {
       const card = document.createElement("div");
       card.className = "sample";
       card.dataset.sample = "";
-      const scores = Object.entries(sample.rewards)
+      // Each function's share only when there are several (one function's is the total).
+      const shares = Object.keys(sample.rewards).length > 1 ? Object.entries(sample.rewards) : [];
+      const scores = shares
         .map(([name, value]) => `<span>${escapeHTML(name)} <strong>${Number(value).toFixed(3)}</strong></span>`)
         .join("");
       card.innerHTML =
@@ -298,9 +335,12 @@ function setupUsage(figure) {
   const points = JSON.parse(figure.dataset.series);
   const empty = document.querySelector("[data-usage-empty]");
   if (!points.length) { figure.hidden = true; empty.hidden = false; return; }
+  const hour = 3600;
   const opts = {
     width: Math.max(figure.clientWidth, 200),
     height: 200,
+    // One snapshot alone would stretch the time axis over years: show the day around it.
+    scales: { x: { time: true, range: (u, min, max) => (max - min < hour ? [min - 12 * hour, max + 12 * hour] : [min, max]) } },
     series: [{}, { label: "bytes", stroke: COLORS[0], fill: "rgba(9,105,218,.08)", width: 1.5 }],
     axes: [{}, { size: 70, values: (u, ticks) => ticks.map(formatBytes) }],
   };

@@ -1,0 +1,61 @@
+"""One small typed HTTP client for providers whose official client is their REST API (Vast.ai,
+DigitalOcean): a bearer token, timeouts, and retries with backoff on connection errors, 429 and
+5xx (honouring Retry-After)."""
+
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from providers.base import ProviderError
+
+RETRIED_STATUSES = {429, 500, 502, 503, 504}
+
+
+class ProviderApiError(ProviderError):
+    def __init__(self, provider: str, status: int, body: dict | str):
+        self.status, self.body = status, body
+        super().__init__(f"{provider} answered HTTP {status}: {str(body)[:300]}")
+
+
+@dataclass
+class RestClient:
+    provider: str
+    base_url: str
+    token: str
+    timeout: float = 30.0
+    attempts: int = 4
+    backoff: float = 0.5
+
+    def request(self, method: str, path: str, *, json=None, params=None) -> dict:
+        """The answer's JSON ({} for an empty body); ProviderApiError for any other status."""
+        url = f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        for attempt in range(self.attempts):
+            last = attempt == self.attempts - 1
+            try:
+                response = httpx.request(
+                    method, url, json=json, params=params, headers=headers, timeout=self.timeout
+                )
+            except httpx.TransportError as exc:
+                if last:
+                    raise ProviderError(f"{self.provider} could not be reached: {exc}") from exc
+                time.sleep(self.backoff * 2**attempt)
+                continue
+            if response.status_code in RETRIED_STATUSES and not last:
+                time.sleep(self._wait(response, attempt))
+                continue
+            try:
+                body = response.json() if response.content else {}
+            except ValueError:
+                body = response.text
+            if response.is_success:
+                return body if isinstance(body, dict) else {"data": body}
+            raise ProviderApiError(self.provider, response.status_code, body)
+        raise AssertionError("unreachable")
+
+    def _wait(self, response: httpx.Response, attempt: int) -> float:
+        try:
+            return min(float(response.headers.get("Retry-After", "")), 30.0)
+        except ValueError:
+            return self.backoff * 2**attempt
