@@ -6,7 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from providers import catalog
-from providers.services import default_provider, get_adapter, is_usable
+from providers.services import available_regions, default_provider, is_usable
 from veri.api import WorkspaceView
 from veri.errors import VeriError
 
@@ -78,7 +78,7 @@ class GpusView(WorkspaceView):
         default = default_provider()
         rows = []
         for spec in specs:
-            adapter = get_adapter(spec.name) if wanted and is_usable(spec.name) else None
+            usable = wanted and is_usable(spec.name)
             for gpu in spec.gpus:
                 row = {
                     "provider": spec.name,
@@ -91,7 +91,7 @@ class GpusView(WorkspaceView):
                     "regions": sorted(spec.zones),
                 }
                 if wanted:  # asked about one provider: what it says is free right now
-                    regions = adapter.available_regions(gpu.name) if adapter else []
+                    regions = available_regions(spec.name, gpu.name) if usable else []
                     row["available_regions"] = None if regions is None else sorted(regions)
                 rows.append(row)
         return Response({"data": rows})

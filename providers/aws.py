@@ -2,7 +2,6 @@
 with the worker's bootstrap as user-data. Credentials come from boto3's chain (AWS_* variables, a
 profile, an instance role); AWS_ENDPOINT_URL points it elsewhere (tests use moto)."""
 
-import time
 from functools import cache
 
 import boto3
@@ -34,7 +33,6 @@ INSTANCE_TYPES: dict[str, tuple[tuple[int, str], ...]] = {
 CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported"}
 QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
-AVAILABILITY_TTL_SECONDS = 60
 # The DLAMI with NVIDIA drivers and Python 3, published by AWS per region.
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -57,9 +55,6 @@ def split_id(external: str) -> tuple[str, str]:
 
 class AwsProvider(ProviderAdapter):
     name = "aws"
-
-    def __init__(self):
-        self._availability: dict[str, tuple[float, list[str]]] = {}
 
     @staticmethod
     @cache
@@ -172,11 +167,7 @@ class AwsProvider(ProviderAdapter):
         return found
 
     def available_regions(self, gpu_type: str) -> list[str] | None:
-        """Regions that offer the 1-GPU (or smallest) shape in some zone, asked at most once a
-        minute per GPU type."""
-        cached = self._availability.get(gpu_type)
-        if cached and time.monotonic() - cached[0] < AVAILABILITY_TTL_SECONDS:
-            return cached[1]
+        """Regions that offer the 1-GPU (or smallest) shape in some zone."""
         kind = instance_type(gpu_type, 1)
         if kind is None:
             return []
@@ -191,5 +182,4 @@ class AwsProvider(ProviderAdapter):
                     regions.append(region)
         except (ClientError, BotoCoreError, NoCredentialsError):
             return None  # EC2 did not say: capacity is found out by launching
-        self._availability[gpu_type] = (time.monotonic(), regions)
         return regions

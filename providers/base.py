@@ -48,6 +48,7 @@ class InstanceState:
 
 class ProviderAdapter:
     name: str
+    availability_ttl_seconds = 60  # how long an answer of available_regions is reused
 
     def is_configured(self) -> bool:
         """Whether this deployment has what the adapter needs (credentials) to launch."""

@@ -78,6 +78,7 @@ def _start_time(pid: int) -> str | None:
 
 class LocalProvider(ProviderAdapter):
     name = "local"
+    availability_ttl_seconds = 0  # free slots change with every job; counting them is cheap
 
     def is_configured(self) -> bool:
         return True

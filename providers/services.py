@@ -2,6 +2,7 @@
 renting."""
 
 import logging
+import time
 from functools import cache
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from providers.catalog import ProviderSpec, providers
 from providers.models import Instance
 
 log = logging.getLogger(__name__)
+_availability: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
 
 
 @cache
@@ -38,6 +40,18 @@ def default_provider() -> str:
     if settings.VERI_DEFAULT_PROVIDER:
         return settings.VERI_DEFAULT_PROVIDER
     return "aws" if is_usable("aws") else "local"
+
+
+def available_regions(name: str, gpu_type: str) -> list[str] | None:
+    """Where the provider says `gpu_type` can launch now, asked at most once per the adapter's
+    `availability_ttl_seconds`."""
+    adapter = get_adapter(name)
+    cached = _availability.get((name, gpu_type))
+    if cached and time.monotonic() - cached[0] < adapter.availability_ttl_seconds:
+        return cached[1]
+    regions = adapter.available_regions(gpu_type)
+    _availability[(name, gpu_type)] = (time.monotonic(), regions)
+    return regions
 
 
 def sweep_orphans() -> list[str]:

@@ -203,6 +203,8 @@ VERI_DEFAULT_PROVIDER = env("VERI_DEFAULT_PROVIDER")
 KNOWN_PROVIDER_ADAPTERS = {
     "local": "providers.local.LocalProvider",
     "aws": "providers.aws.AwsProvider",
+    "digitalocean": "providers.digitalocean.DigitalOceanProvider",
+    "vast": "providers.vast.VastProvider",
 }
 VERI_PROVIDERS = [p.strip() for p in (env("VERI_PROVIDERS") or "local").split(",") if p.strip()]
 if unknown := set(VERI_PROVIDERS) - set(KNOWN_PROVIDER_ADAPTERS):
@@ -213,6 +215,12 @@ if unknown := set(VERI_PROVIDERS) - set(KNOWN_PROVIDER_ADAPTERS):
 VERI_PROVIDER_ADAPTERS = {name: KNOWN_PROVIDER_ADAPTERS[name] for name in VERI_PROVIDERS}
 VERI_AWS_AMI_ID = env("VERI_AWS_AMI_ID")  # unset: AWS's Deep Learning AMI, looked up per region
 VERI_AWS_DISK_GB = int(env("VERI_AWS_DISK_GB", "200"))
+DIGITALOCEAN_TOKEN = env("DIGITALOCEAN_TOKEN")
+VERI_DIGITALOCEAN_API_URL = env("VERI_DIGITALOCEAN_API_URL") or "https://api.digitalocean.com"
+VAST_API_KEY = env("VAST_API_KEY")
+VERI_VAST_API_URL = env("VERI_VAST_API_URL") or "https://console.vast.ai"
+VERI_VAST_IMAGE = env("VERI_VAST_IMAGE") or "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+VERI_VAST_DISK_GB = int(env("VERI_VAST_DISK_GB", "100"))
 # What a rented machine installs to run the worker (unset: this version of Veri) and from where.
 VERI_WORKER_PACKAGE = env("VERI_WORKER_PACKAGE")
 VERI_WORKER_INDEX_URL = env("VERI_WORKER_INDEX_URL")

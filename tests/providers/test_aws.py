@@ -48,6 +48,7 @@ def ec2(s3_endpoint, settings):
     }
     AwsProvider.client.cache_clear()
     provider_services._adapter.cache_clear()
+    provider_services._availability.clear()
     yield proxy
     proxy.close()
     AwsProvider.client.cache_clear()

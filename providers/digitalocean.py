@@ -1,0 +1,122 @@
+"""DigitalOcean GPU Droplets through DigitalOcean's REST API (v2): a droplet per job in the zone's
+datacenter, tagged with the job and this deployment, booted with the worker's bootstrap as
+user_data. DIGITALOCEAN_TOKEN authenticates; VERI_DIGITALOCEAN_API_URL points it elsewhere."""
+
+import re
+
+from django.conf import settings
+
+from providers import bootstrap, catalog
+from providers.base import CapacityError, InstanceState, LaunchSpec, ProviderAdapter, QuotaError
+from providers.http import ProviderApiError, RestClient
+from veri.health import deployment_id
+
+# Droplet sizes by GPU count; DigitalOcean's GPU images carry the drivers.
+SIZES = {"H100-80GB": {1: "gpu-h100x1-80gb", 8: "gpu-h100x8-640gb"}}
+IMAGES = {"gpu-h100x1-80gb": "gpu-h100x1-base", "gpu-h100x8-640gb": "gpu-h100x8-base"}
+GONE = {"off", "archive"}
+# DigitalOcean tags allow letters, digits, colons, dashes and underscores.
+JOB_TAG_PREFIX = "veri-job:"
+
+
+def deployment_tag() -> str:
+    return f"veri-deployment:{deployment_id()}"
+
+
+def size_for(gpu_type: str, gpu_count: int) -> str | None:
+    sizes = SIZES.get(gpu_type, {})
+    return next((sizes[n] for n in sorted(sizes) if n >= gpu_count), None)
+
+
+class DigitalOceanProvider(ProviderAdapter):
+    name = "digitalocean"
+
+    def api(self) -> RestClient:
+        return RestClient("DigitalOcean", settings.VERI_DIGITALOCEAN_API_URL, self.token())
+
+    @staticmethod
+    def token() -> str:
+        return settings.DIGITALOCEAN_TOKEN
+
+    def is_configured(self) -> bool:
+        return bool(self.token())
+
+    def launch(self, spec: LaunchSpec) -> str:
+        size = size_for(spec.gpu_type, spec.gpu_count)
+        if size is None:
+            raise CapacityError(
+                f"DigitalOcean has no droplet with {spec.gpu_count}x {spec.gpu_type}"
+            )
+        body = {
+            "name": f"veri-{spec.job_id}".replace("_", "-"),
+            "region": spec.zone,
+            "size": size,
+            "image": IMAGES[size],
+            "user_data": bootstrap.render(spec),
+            "tags": [JOB_TAG_PREFIX + spec.job_id, deployment_tag()],
+            "monitoring": True,
+        }
+        try:
+            answer = self.api().request("POST", "/v2/droplets", json=body)
+        except ProviderApiError as exc:
+            message = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc.body)
+            if exc.status == 422 and re.search(r"droplet limit|exceed", message, re.I):
+                raise QuotaError(f"{size}: {message}") from exc
+            if exc.status == 422 and re.search(
+                r"not available|capacity|unavailable", message, re.I
+            ):
+                raise CapacityError(f"{size} in {spec.zone}: {message}") from exc
+            raise
+        return str(answer["droplet"]["id"])
+
+    def _droplets(self, **params) -> list[dict]:
+        droplets, page = [], 1
+        while True:
+            answer = self.api().request(
+                "GET", "/v2/droplets", params={**params, "per_page": 200, "page": page}
+            )
+            droplets += answer.get("droplets", [])
+            if not answer.get("links", {}).get("pages", {}).get("next"):
+                return droplets
+            page += 1
+
+    def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
+        status = {str(d["id"]): d["status"] for d in self._droplets(tag_name=deployment_tag())}
+        return {i: InstanceState(alive=i in status and status[i] not in GONE) for i in instance_ids}
+
+    def terminate(self, instance_id: str) -> None:
+        try:
+            self.api().request("DELETE", f"/v2/droplets/{int(instance_id)}")
+        except ProviderApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def tagged_instances(self) -> dict[str, str]:
+        found = {}
+        for droplet in self._droplets(tag_name=deployment_tag()):
+            if droplet["status"] in GONE:
+                continue
+            job = next(
+                (
+                    t.removeprefix(JOB_TAG_PREFIX)
+                    for t in droplet.get("tags", [])
+                    if t.startswith(JOB_TAG_PREFIX)
+                ),
+                "",
+            )
+            found[str(droplet["id"])] = job
+        return found
+
+    def available_regions(self, gpu_type: str) -> list[str] | None:
+        size = size_for(gpu_type, 1)
+        if size is None:
+            return []
+        try:
+            sizes = self.api().request("GET", "/v2/sizes", params={"per_page": 200})["sizes"]
+        except (ProviderApiError, KeyError):
+            return None
+        offered = next((s for s in sizes if s["slug"] == size and s.get("available")), None)
+        if offered is None:
+            return []
+        zones = catalog.get_provider(self.name).zones
+        return [region for region, dcs in zones.items() if set(dcs) & set(offered["regions"])]

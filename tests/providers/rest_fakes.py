@@ -1,0 +1,239 @@
+"""DigitalOcean's and Vast.ai's REST APIs, faked over HTTP on loopback from their public API
+documents: each request's method, path, bearer token and body are checked against the documented
+shape (a wrong one answers 400 and is kept in `bad`), and the state they change is kept."""
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+TOKEN = "test-provider-token"
+
+
+class FakeApi:
+    def __init__(self):
+        self.requests: list[tuple[str, str, dict | None]] = []  # (method, path, body)
+        self.bad: list[str] = []  # requests whose shape broke the documents
+        self.lock = threading.Lock()
+        self.next_id = 1000
+        self.throttle = 0  # answer this many next requests with 429, Retry-After: 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _handle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                url = urlparse(self.path)
+                with fake.lock:
+                    fake.requests.append((self.command, url.path, body))
+                    if fake.throttle > 0:
+                        fake.throttle -= 1
+                        self._send(429, {"id": "too_many_requests"}, {"Retry-After": "0"})
+                        return
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    self._send(401, {"id": "unauthorized", "message": "bad token"})
+                    return
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                with fake.lock:
+                    status, answer = fake.route(self.command, url.path, query, body)
+                self._send(status, answer)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+            def _send(self, status, answer, headers=None):
+                payload = b"" if answer is None else json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def refuse_shape(self, why: str):
+        self.bad.append(why)
+        return 400, {"id": "bad_request", "message": why}
+
+    def calls(self, method: str, pattern: str) -> list[dict | None]:
+        return [b for m, p, b in self.requests if m == method and re.fullmatch(pattern, p)]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeDigitalOcean(FakeApi):
+    """https://docs.digitalocean.com/reference/api/digitalocean/: droplets and sizes."""
+
+    SIZES = [
+        {"slug": "gpu-h100x1-80gb", "available": True, "regions": ["nyc2", "tor1"]},
+        {"slug": "gpu-h100x8-640gb", "available": True, "regions": ["nyc2"]},
+    ]
+
+    def __init__(self):
+        self.droplets: dict[int, dict] = {}
+        self.refusals: dict[str, str] = {}  # region -> 422 message on create
+        super().__init__()
+
+    def route(self, method, path, query, body):
+        if method == "POST" and path == "/v2/droplets":
+            return self.create(body)
+        if method == "GET" and path == "/v2/droplets":
+            tag = query.get("tag_name")
+            found = [d for d in self.droplets.values() if tag is None or tag in d["tags"]]
+            return 200, {"droplets": found, "links": {}, "meta": {"total": len(found)}}
+        if method == "GET" and path == "/v2/sizes":
+            return 200, {"sizes": self.SIZES, "links": {}, "meta": {"total": len(self.SIZES)}}
+        if match := re.fullmatch(r"/v2/droplets/(\d+)", path):
+            droplet_id = int(match.group(1))
+            if droplet_id not in self.droplets:
+                return 404, {
+                    "id": "not_found",
+                    "message": "The resource you requested could not be found.",
+                }
+            if method == "DELETE":
+                del self.droplets[droplet_id]
+                return 204, None
+            return 200, {"droplet": self.droplets[droplet_id]}
+        return 404, {"id": "not_found", "message": f"no route {method} {path}"}
+
+    def create(self, body):
+        required = {"name": str, "region": str, "size": str, "image": str}
+        for field, kind in required.items():
+            if not isinstance((body or {}).get(field), kind):
+                return self.refuse_shape(f"{field} is required")
+        if not re.fullmatch(r"[a-zA-Z0-9.-]+", body["name"]):
+            return self.refuse_shape("name: only letters, digits, dots and dashes")
+        tags = body.get("tags", [])
+        if not all(re.fullmatch(r"[a-zA-Z0-9_:-]{1,255}", t) for t in tags):
+            return self.refuse_shape("tags: letters, digits, colons, dashes and underscores")
+        if (
+            not isinstance(body.get("user_data", ""), str)
+            or len(body.get("user_data", "")) > 64 * 1024
+        ):
+            return self.refuse_shape("user_data: a string of at most 64 KiB")
+        if message := self.refusals.get(body["region"]):
+            return 422, {"id": "unprocessable_entity", "message": message}
+        droplet = {
+            "id": self.new_id(),
+            "name": body["name"],
+            "status": "new",
+            "size_slug": body["size"],
+            "region": {"slug": body["region"]},
+            "image": {"slug": body["image"]},
+            "tags": tags,
+            "user_data": body.get("user_data", ""),
+        }
+        self.droplets[droplet["id"]] = droplet
+        return 202, {"droplet": droplet, "links": {}}
+
+
+class FakeVast(FakeApi):
+    """https://docs.vast.ai/api-reference: search offers (bundles), accept one (asks), list and
+    destroy instances."""
+
+    def __init__(self):
+        self.offers: list[dict] = []
+        self.instances: dict[int, dict] = {}
+        self.taken: set[int] = set()  # accepted offers, which searches no longer list
+        self.gone_on_accept: set[int] = set()  # listed, but someone else takes them first
+        self.credit_left = True
+        super().__init__()
+
+    def add_offer(self, gpu_name: str, num_gpus: int, geolocation: str, price: float) -> int:
+        offer_id = self.new_id()
+        self.offers.append(
+            {
+                "id": offer_id,
+                "ask_contract_id": offer_id,
+                "gpu_name": gpu_name,
+                "num_gpus": num_gpus,
+                "geolocation": geolocation,
+                "dph_total": price,
+                "rentable": True,
+                "verified": True,
+            }
+        )
+        return offer_id
+
+    def route(self, method, path, query, body):
+        if method == "POST" and path == "/api/v0/bundles/":
+            return self.search(body or {})
+        if match := re.fullmatch(r"/api/v0/asks/(\d+)/", path):
+            if method != "PUT":
+                return 405, {"success": False, "error": "method_not_allowed"}
+            return self.accept(int(match.group(1)), body or {})
+        if method == "GET" and path == "/api/v0/instances/":
+            return 200, {"instances": list(self.instances.values())}
+        if match := re.fullmatch(r"/api/v0/instances/(\d+)/", path):
+            instance_id = int(match.group(1))
+            if instance_id not in self.instances:
+                return 404, {"success": False, "error": "no_such_instance"}
+            if method == "DELETE":
+                del self.instances[instance_id]
+                return 200, {"success": True}
+        return 404, {"success": False, "error": f"no route {method} {path}"}
+
+    def search(self, query):
+        for field in ("gpu_name", "num_gpus", "rentable"):
+            if not isinstance(query.get(field), dict) or "eq" not in query[field]:
+                return self.refuse_shape(f"{field}: an operator object such as {{'eq': ...}}")
+        if query.get("type") not in ("on-demand", "ondemand", "bid", "reserved"):
+            return self.refuse_shape("type: on-demand, bid or reserved")
+        found = [
+            o
+            for o in self.offers
+            if o["gpu_name"] == query["gpu_name"]["eq"]
+            and o["num_gpus"] == query["num_gpus"]["eq"]
+            and o["id"] not in self.taken
+        ]
+        found.sort(key=lambda o: o["dph_total"])
+        return 200, {"offers": found[: query.get("limit", 64)]}
+
+    def accept(self, offer_id, body):
+        if not isinstance(body.get("image"), str) or not body["image"]:
+            return self.refuse_shape("image is required")
+        if not isinstance(body.get("disk"), int | float):
+            return self.refuse_shape("disk: a number of GB")
+        if body.get("runtype") not in (None, "ssh", "jupyter", "args", "ssh_proxy", "ssh_direct"):
+            return self.refuse_shape("runtype: ssh, jupyter, args, ...")
+        if not isinstance(body.get("onstart", ""), str):
+            return self.refuse_shape("onstart: a string of shell commands")
+        if not self.credit_left:
+            return 400, {
+                "success": False,
+                "error": "insufficient_credit",
+                "msg": "Your account lacks credit.",
+            }
+        offer = next((o for o in self.offers if o["id"] == offer_id), None)
+        if offer is None or offer_id in self.taken or offer_id in self.gone_on_accept:
+            return 400, {
+                "success": False,
+                "error": "no_such_ask",
+                "msg": f"Instance type {offer_id} is no longer available.",
+            }
+        self.taken.add(offer_id)
+        instance_id = self.new_id()
+        self.instances[instance_id] = {
+            "id": instance_id,
+            "actual_status": "loading",
+            "label": body.get("label"),
+            "gpu_name": offer["gpu_name"],
+            "num_gpus": offer["num_gpus"],
+            "onstart": body.get("onstart", ""),
+            "image": body["image"],
+        }
+        return 200, {"success": True, "new_contract": instance_id}

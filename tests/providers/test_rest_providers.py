@@ -1,0 +1,168 @@
+"""The DigitalOcean and Vast.ai adapters against HTTP fakes of their APIs on loopback: jobs launch
+with the documented request shapes and the worker's bootstrap, refusals become the catalog's
+codes, cancel terminates once, the sweeper ends machines of ended jobs, and a throttled API is
+retried."""
+
+import pytest
+
+from providers import services as provider_services
+from providers.models import Instance, LaunchAttempt
+from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeVast
+from tests.training.conftest import upload_dataset
+from training import tasks
+from training.models import TrainingJob
+from veri.health import deployment_id
+
+pytestmark = pytest.mark.django_db
+
+
+def offer(settings, name: str, path: str) -> None:
+    settings.VERI_PROVIDER_ADAPTERS = {**settings.VERI_PROVIDER_ADAPTERS, name: path}
+    provider_services._adapter.cache_clear()
+    provider_services._availability.clear()
+
+
+@pytest.fixture
+def digitalocean(settings):
+    fake = FakeDigitalOcean()
+    settings.DIGITALOCEAN_TOKEN = TOKEN
+    settings.VERI_DIGITALOCEAN_API_URL = fake.url
+    offer(settings, "digitalocean", "providers.digitalocean.DigitalOceanProvider")
+    yield fake
+    fake.close()
+    assert fake.bad == []  # every request had the documented shape
+
+
+@pytest.fixture
+def vast(settings):
+    fake = FakeVast()
+    settings.VAST_API_KEY = TOKEN
+    settings.VERI_VAST_API_URL = fake.url
+    offer(settings, "vast", "providers.vast.VastProvider")
+    yield fake
+    fake.close()
+    assert fake.bad == []
+
+
+@pytest.fixture
+def data(api_client, billed, settings, local_store_url):
+    settings.VERI_STORE = local_store_url
+    return upload_dataset(api_client, [{"text": f"row {i}"} for i in range(4)])
+
+
+def submit(api_client, data, provider: str, gpu_type: str) -> TrainingJob:
+    body = {
+        "base_model": "Qwen/Qwen2.5-0.5B",
+        "dataset_id": data["id"],
+        "method": "sft_text",
+        "provider": provider,
+        "gpu_type": gpu_type,
+        "region": "us-east-1",
+        "hyperparameters": {"max_steps": 5},
+    }
+    response = api_client.post("/v1/training_jobs", body, format="json")
+    assert response.status_code == 201, response.json()
+    job = TrainingJob.objects.get(public_id=response.json()["id"])
+    tasks.provision_job(job_id=job.pk)
+    job.refresh_from_db()
+    return job
+
+
+def test_digitalocean_launches_a_tagged_droplet_and_cancel_deletes_it_once(
+    digitalocean, api_client, data
+):
+    job = submit(api_client, data, "digitalocean", "H100-80GB")
+    [body] = digitalocean.calls("POST", "/v2/droplets")
+    assert body["region"] == "nyc2" and body["size"] == "gpu-h100x1-80gb"
+    assert body["image"] == "gpu-h100x1-base"
+    assert f"veri-job:{job.public_id}" in body["tags"]
+    assert f"veri-deployment:{deployment_id()}" in body["tags"]
+    assert f"-m worker run --job {job.public_id}" in body["user_data"]
+    assert api_client.raw_key not in body["user_data"]
+    instance = Instance.objects.get(job=job)
+    adapter = provider_services.get_adapter("digitalocean")
+    assert adapter.states([instance.external_id])[instance.external_id].alive
+
+    api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
+    api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
+    assert len(digitalocean.calls("DELETE", r"/v2/droplets/\d+")) == 1
+    assert digitalocean.droplets == {}
+    assert not adapter.states([instance.external_id])[instance.external_id].alive
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ("Size is not available in this region.", "CAPACITY_UNAVAILABLE"),
+        ("creating this/these droplet(s) will exceed your droplet limit", "QUOTA_EXCEEDED"),
+    ],
+)
+def test_digitalocean_refusals_are_the_catalogs_codes(
+    digitalocean, api_client, data, message, code
+):
+    digitalocean.refusals["nyc2"] = message
+    job = submit(api_client, data, "digitalocean", "H100-80GB")
+    assert (job.status, job.error_code) == ("failed", code)
+    assert LaunchAttempt.objects.filter(job=job, zone="nyc2").exclude(outcome="launched").exists()
+
+
+def test_a_throttled_api_is_asked_again(digitalocean, api_client, data):
+    digitalocean.throttle = 2  # two 429s with Retry-After: 0, then the real answer
+    job = submit(api_client, data, "digitalocean", "H100-80GB")
+    assert job.status == "provisioning" and len(digitalocean.droplets) == 1
+
+
+def test_digitalocean_sweeper_and_availability(digitalocean, api_client, data):
+    live = submit(api_client, data, "digitalocean", "H100-80GB")
+    ended = submit(api_client, data, "digitalocean", "H100-80GB")
+    TrainingJob.objects.filter(pk=ended.pk).update(status="failed", error_code="worker_failed")
+    swept = provider_services.sweep_orphans()
+    assert swept == [Instance.objects.get(job=ended).external_id]
+    assert list(digitalocean.droplets) == [int(Instance.objects.get(job=live).external_id)]
+    rows = api_client.get("/v1/gpus", {"provider": "digitalocean"}).json()["data"]
+    assert rows[0]["available_regions"] == ["us-east-1"]  # nyc2 offers the size; ams3 does not
+
+
+def test_vast_takes_the_cheapest_offer_in_the_zone_and_the_next_when_it_is_gone(
+    vast, api_client, data
+):
+    vast.add_offer("RTX 4090", 1, "Bavaria, DE", 0.20)  # cheaper, but not in the US
+    taken = vast.add_offer("RTX 4090", 1, "Texas, US", 0.30)
+    second = vast.add_offer("RTX 4090", 1, "Quebec, CA", 0.35)
+    vast.gone_on_accept.add(taken)  # someone else accepts it between our search and accept
+    job = submit(api_client, data, "vast", "RTX4090-24GB")
+    assert job.status == "provisioning", (job.error_code, job.error_message)
+    [search] = vast.calls("POST", "/api/v0/bundles/")
+    assert search["gpu_name"] == {"eq": "RTX 4090"} and search["num_gpus"] == {"eq": 1}
+    accepts = [p for m, p, _ in vast.requests if m == "PUT"]
+    assert accepts == [f"/api/v0/asks/{taken}/", f"/api/v0/asks/{second}/"]
+    [instance] = vast.instances.values()
+    assert instance["label"] == f"veri:{deployment_id()}:{job.public_id}"
+    assert f"-m worker run --job {job.public_id}" in instance["onstart"]
+    api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
+    assert vast.instances == {}
+    assert len(vast.calls("DELETE", r"/api/v0/instances/\d+/")) == 1
+
+
+def test_vast_out_of_credit_is_provider_out_of_funds_and_no_offer_is_no_capacity(
+    vast, api_client, data
+):
+    job = submit(api_client, data, "vast", "RTX4090-24GB")
+    assert (job.status, job.error_code) == ("failed", "CAPACITY_UNAVAILABLE")
+    vast.add_offer("RTX 4090", 1, "Oregon, US", 0.3)
+    vast.credit_left = False
+    job = submit(api_client, data, "vast", "RTX4090-24GB")
+    assert (job.status, job.error_code) == ("failed", "PROVIDER_OUT_OF_FUNDS")
+    assert "or use:" in job.error_message or "Retry" in job.error_message
+
+
+def test_vast_sweeper_ends_instances_labelled_for_ended_jobs(vast, api_client, data):
+    vast.add_offer("RTX 4090", 1, "Oregon, US", 0.3)
+    vast.add_offer("RTX 4090", 1, "Ohio, US", 0.3)
+    live = submit(api_client, data, "vast", "RTX4090-24GB")
+    ended = submit(api_client, data, "vast", "RTX4090-24GB")
+    TrainingJob.objects.filter(pk=ended.pk).update(status="completed")
+    foreign = vast.new_id()
+    vast.instances[foreign] = {"id": foreign, "actual_status": "running", "label": "my own box"}
+    assert provider_services.sweep_orphans() == [Instance.objects.get(job=ended).external_id]
+    assert set(vast.instances) == {int(Instance.objects.get(job=live).external_id), foreign}
