@@ -49,6 +49,12 @@ class InstanceState:
 class ProviderAdapter:
     name: str
     availability_ttl_seconds = 60  # how long an answer of available_regions is reused
+    max_run_seconds: int | None = None  # the provider ends a machine after this long
+
+    def max_instances(self) -> int | None:
+        """How many machines this deployment may hold on the provider at once (None: no limit
+        of ours); a launch beyond it waits in `queued` for a free slot, oldest job first."""
+        return None
 
     def is_configured(self) -> bool:
         """Whether this deployment has what the adapter needs (credentials) to launch."""

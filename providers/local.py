@@ -83,6 +83,9 @@ class LocalProvider(ProviderAdapter):
     def is_configured(self) -> bool:
         return True
 
+    def max_instances(self) -> int:
+        return settings.VERI_LOCAL_SLOTS
+
     def available_regions(self, gpu_type: str) -> list[str]:
         """This machine runs jobs in any region while a slot is free."""
         busy = Instance.objects.filter(provider="local", terminated_at__isnull=True).count()

@@ -47,19 +47,23 @@ def _alternative(job: TrainingJob, refused: str) -> str:
 
 
 def _reserve(job: TrainingJob, zone: str, gpu: catalog.GpuType) -> Instance:
-    """An Instance row for the launch. On the local provider it takes one of VERI_LOCAL_SLOTS,
-    under a row lock so that two launches cannot both take the last slot, in submit order."""
+    """An Instance row for the launch. On a provider with a limit of machines (the local one's
+    VERI_LOCAL_SLOTS, GCP's one GPU) it takes a slot, under a row lock so that two launches cannot
+    both take the last one, in submit order."""
     with transaction.atomic():
-        if job.provider == "local":
-            ProviderLock.objects.get_or_create(name="local")
-            ProviderLock.objects.select_for_update().get(name="local")
-            busy = Instance.objects.filter(provider="local", terminated_at__isnull=True).count()
+        limit = get_adapter(job.provider).max_instances()
+        if limit is not None:
+            ProviderLock.objects.get_or_create(name=job.provider)
+            ProviderLock.objects.select_for_update().get(name=job.provider)
+            busy = Instance.objects.filter(
+                provider=job.provider, terminated_at__isnull=True
+            ).count()
             # First come, first served: the free slots belong to the oldest queued jobs.
             ahead = TrainingJob.objects.filter(
-                provider="local", status=S.QUEUED, pk__lt=job.pk
+                provider=job.provider, status=S.QUEUED, pk__lt=job.pk
             ).count()
-            if busy + ahead >= settings.VERI_LOCAL_SLOTS:
-                raise NoFreeSlot(f"all {settings.VERI_LOCAL_SLOTS} local slot(s) are busy")
+            if busy + ahead >= limit:
+                raise NoFreeSlot(f"all {limit} {job.provider} slot(s) are busy")
         Instance.objects.filter(job=job).delete()  # an earlier attempt's row that never launched
         return Instance.objects.create(
             job=job,
@@ -243,6 +247,16 @@ def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] |
             )
         return None
     if state is not None and not state.alive:
+        max_run = get_adapter(job.provider).max_run_seconds
+        if (
+            max_run
+            and instance.launched_at
+            and (now - instance.launched_at).total_seconds() >= max_run - 60
+        ):
+            return (
+                "max_run_duration_reached",
+                f"{job.provider} ended the VM at its maximum run duration ({max_run // 3600} h).",
+            )
         if state.reason == "reclaimed":
             return (
                 "provider_reclaimed",

@@ -205,6 +205,7 @@ KNOWN_PROVIDER_ADAPTERS = {
     "aws": "providers.aws.AwsProvider",
     "digitalocean": "providers.digitalocean.DigitalOceanProvider",
     "vast": "providers.vast.VastProvider",
+    "gcp": "providers.gcp.GcpProvider",
 }
 VERI_PROVIDERS = [p.strip() for p in (env("VERI_PROVIDERS") or "local").split(",") if p.strip()]
 if unknown := set(VERI_PROVIDERS) - set(KNOWN_PROVIDER_ADAPTERS):
@@ -221,6 +222,14 @@ VAST_API_KEY = env("VAST_API_KEY")
 VERI_VAST_API_URL = env("VERI_VAST_API_URL") or "https://console.vast.ai"
 VERI_VAST_IMAGE = env("VERI_VAST_IMAGE") or "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 VERI_VAST_DISK_GB = int(env("VERI_VAST_DISK_GB", "100"))
+VERI_GCP_PROJECT = env("VERI_GCP_PROJECT")
+GOOGLE_APPLICATION_CREDENTIALS = env("GOOGLE_APPLICATION_CREDENTIALS")
+VERI_GCP_API_URL = env("VERI_GCP_API_URL")
+VERI_GCP_IMAGE = env("VERI_GCP_IMAGE") or (
+    "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
+)
+VERI_GCP_DISK_GB = int(env("VERI_GCP_DISK_GB", "200"))
+VERI_GCP_MAX_GPUS = int(env("VERI_GCP_MAX_GPUS", "1"))  # Flex-start's GPUs at once
 # What a rented machine installs to run the worker (unset: this version of Veri) and from where.
 VERI_WORKER_PACKAGE = env("VERI_WORKER_PACKAGE")
 VERI_WORKER_INDEX_URL = env("VERI_WORKER_INDEX_URL")

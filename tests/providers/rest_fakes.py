@@ -12,6 +12,8 @@ TOKEN = "test-provider-token"
 
 
 class FakeApi:
+    token: str | None = TOKEN  # the bearer token every request must carry (None: not checked)
+
     def __init__(self):
         self.requests: list[tuple[str, str, dict | None]] = []  # (method, path, body)
         self.bad: list[str] = []  # requests whose shape broke the documents
@@ -32,7 +34,7 @@ class FakeApi:
                         fake.throttle -= 1
                         self._send(429, {"id": "too_many_requests"}, {"Retry-After": "0"})
                         return
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                if fake.token and self.headers.get("Authorization") != f"Bearer {fake.token}":
                     self._send(401, {"id": "unauthorized", "message": "bad token"})
                     return
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
@@ -237,3 +239,95 @@ class FakeVast(FakeApi):
             "image": body["image"],
         }
         return 200, {"success": True, "new_contract": instance_id}
+
+
+class FakeGcp(FakeApi):
+    """https://cloud.google.com/compute/docs/reference/rest/v1/instances: insert, get, delete,
+    aggregatedList, with errors as Compute returns them (a 403 quota error; a stockout as the
+    insert operation's error). The tests' client is anonymous: no token is checked."""
+
+    token = None
+    PREFIX = r"/compute/v1/projects/(?P<project>[^/]+)"
+
+    def __init__(self):
+        self.vms: dict[tuple[str, str], dict] = {}  # (zone, name) -> instance
+        self.stockouts: set[str] = set()  # zones without capacity
+        self.quota_exceeded = False
+        super().__init__()
+
+    def operation(self, zone: str, error: str | None = None) -> dict:
+        answer = {"kind": "compute#operation", "name": f"op-{self.new_id()}", "zone": zone}
+        answer["status"] = "DONE"
+        if error:
+            answer["error"] = {
+                "errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": error}]
+            }
+            answer["httpErrorStatusCode"] = 503
+            answer["httpErrorMessage"] = f"ZONE_RESOURCE_POOL_EXHAUSTED: {error}"
+        return answer
+
+    def route(self, method, path, query, body):
+        match = re.fullmatch(self.PREFIX + r"/zones/(?P<zone>[^/]+)/instances", path)
+        if match and method == "POST":
+            return self.insert(match["zone"], body or {})
+        if match := re.fullmatch(
+            self.PREFIX + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", path
+        ):
+            key = (match["zone"], match["name"])
+            if key not in self.vms:
+                return 404, {
+                    "error": {"code": 404, "message": f"The resource '{path}' was not found"}
+                }
+            if method == "DELETE":
+                del self.vms[key]
+                return 200, self.operation(match["zone"])
+            return 200, self.vms[key]
+        if re.fullmatch(self.PREFIX + r"/aggregated/instances", path) and method == "GET":
+            wanted = re.fullmatch(r"labels\.([a-z0-9_-]+)=([a-z0-9_-]+)", query.get("filter", ""))
+            items: dict[str, dict] = {}
+            for (zone, _), vm in self.vms.items():
+                if wanted and vm.get("labels", {}).get(wanted[1]) != wanted[2]:
+                    continue
+                items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(vm)
+            return 200, {"kind": "compute#instanceAggregatedList", "items": items}
+        return 404, {"error": {"code": 404, "message": f"no route {method} {path}"}}
+
+    def insert(self, zone, body):
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", body.get("name", "")):
+            return self.refuse_shape("name: a lower-case RFC 1035 label")
+        if not body.get("machineType", "").startswith(f"zones/{zone}/machineTypes/"):
+            return self.refuse_shape("machineType: zones/ZONE/machineTypes/TYPE")
+        scheduling = body.get("scheduling", {})
+        if scheduling.get("provisioningModel") == "FLEX_START" and (
+            scheduling.get("instanceTerminationAction") not in ("DELETE", "STOP")
+            or "maxRunDuration" not in scheduling
+        ):
+            return self.refuse_shape(
+                "FLEX_START needs instanceTerminationAction and maxRunDuration"
+            )
+        labels = body.get("labels", {})
+        if not all(
+            re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k) and re.fullmatch(r"[a-z0-9_-]{0,63}", v)
+            for k, v in labels.items()
+        ):
+            return self.refuse_shape("labels: lower-case keys and values")
+        if not body.get("disks") or not body.get("networkInterfaces"):
+            return self.refuse_shape("disks and networkInterfaces are required")
+        if self.quota_exceeded:
+            message = "Quota 'NVIDIA_H100_GPUS' exceeded.  Limit: 0.0 in region us-east4."
+            return 403, {
+                "error": {
+                    "code": 403,
+                    "message": message,
+                    "errors": [{"reason": "quotaExceeded", "message": message}],
+                }
+            }
+        if zone in self.stockouts:
+            return 200, self.operation(
+                zone,
+                f"The zone 'projects/p/zones/{zone}' does not have enough resources available "
+                "to fulfill the request.",
+            )
+        vm = dict(body, status="PROVISIONING", zone=f"zones/{zone}", id=str(self.new_id()))
+        self.vms[(zone, body["name"])] = vm
+        return 200, self.operation(zone)

@@ -3,12 +3,16 @@ with the documented request shapes and the worker's bootstrap, refusals become t
 codes, cancel terminates once, the sweeper ends machines of ended jobs, and a throttled API is
 retried."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from providers import services as provider_services
+from providers.gcp import GcpProvider
 from providers.models import Instance, LaunchAttempt
-from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeVast
-from tests.training.conftest import upload_dataset
+from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVast
+from tests.training.conftest import drive, upload_dataset
 from training import tasks
 from training.models import TrainingJob
 from veri.health import deployment_id
@@ -166,3 +170,74 @@ def test_vast_sweeper_ends_instances_labelled_for_ended_jobs(vast, api_client, d
     vast.instances[foreign] = {"id": foreign, "actual_status": "running", "label": "my own box"}
     assert provider_services.sweep_orphans() == [Instance.objects.get(job=ended).external_id]
     assert set(vast.instances) == {int(Instance.objects.get(job=live).external_id), foreign}
+
+
+@pytest.fixture
+def gcp(settings):
+    fake = FakeGcp()
+    settings.VERI_GCP_PROJECT = "veri-test"
+    settings.VERI_GCP_API_URL = fake.url
+    settings.GOOGLE_APPLICATION_CREDENTIALS = None
+    GcpProvider.client.cache_clear()
+    offer(settings, "gcp", "providers.gcp.GcpProvider")
+    yield fake
+    fake.close()
+    GcpProvider.client.cache_clear()
+    assert fake.bad == []
+
+
+def test_gcp_launches_a_flex_start_vm_one_gpu_at_a_time(gcp, api_client, data):
+    first = submit(api_client, data, "gcp", "H100-80GB")
+    assert first.status == "provisioning", (first.error_code, first.error_message)
+    [body] = gcp.calls("POST", r"/compute/v1/projects/veri-test/zones/[^/]+/instances")
+    assert body["machineType"] == "zones/us-east4-a/machineTypes/a3-highgpu-1g"
+    scheduling = body["scheduling"]
+    assert scheduling["provisioningModel"] == "FLEX_START"
+    assert scheduling["instanceTerminationAction"] == "DELETE"
+    assert int(scheduling["maxRunDuration"]["seconds"]) == 24 * 3600
+    assert body["labels"] == {"veri-job": first.public_id, "veri-deployment": deployment_id()}
+    [startup] = body["metadata"]["items"]
+    assert startup["key"] == "startup-script"
+    assert f"-m worker run --job {first.public_id}" in startup["value"]
+
+    # A second job waits in `queued` while the first holds the deployment's one GCP GPU.
+    second = submit(api_client, data, "gcp", "H100-80GB")
+    assert second.status == "queued" and len(gcp.vms) == 1
+    api_client.post(f"/v1/training_jobs/{first.public_id}/cancel")
+    assert gcp.vms == {}
+    tasks.provision_job(job_id=second.pk)
+    second.refresh_from_db()
+    assert second.status == "provisioning" and len(gcp.vms) == 1
+
+
+def test_gcp_stockout_moves_to_the_next_zone_and_quota_fails_the_job(gcp, api_client, data):
+    gcp.stockouts.add("us-east4-a")
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    assert [z for z, _ in gcp.vms] == ["us-east4-c"], (job.error_code, job.error_message)
+    api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
+    gcp.quota_exceeded = True
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    assert (job.status, job.error_code) == ("failed", "QUOTA_EXCEEDED")
+
+
+@pytest.mark.parametrize(
+    ("hours_ran", "code", "fault"),
+    [(2, "provider_reclaimed", "platform"), (24, "max_run_duration_reached", "customer")],
+)
+def test_a_vm_gcp_took_back_is_reclaimed_or_at_its_24_hours(
+    gcp, api_client, data, hours_ran, code, fault
+):
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    drive(job, "configuring", "running")
+    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=hours_ran))
+    gcp.vms.clear()  # GCP deleted the VM
+    tasks.check_jobs(now=timezone.now())
+    job.refresh_from_db()
+    assert (job.status, job.error_code, job.error_attribution) == ("failed", code, fault)
+
+
+def test_gcp_sweeper_deletes_vms_of_ended_jobs(gcp, api_client, data):
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    TrainingJob.objects.filter(pk=job.pk).update(status="failed", error_code="worker_failed")
+    assert provider_services.sweep_orphans() == [Instance.objects.get(job=job).external_id]
+    assert gcp.vms == {}

@@ -1,0 +1,148 @@
+"""Google Cloud through `google-cloud-compute`: one Flex-start GPU VM per job (GCP finds the GPU
+and holds it for at most 24 hours, then deletes the VM), labelled with the job and this
+deployment, booted with the worker's bootstrap as its startup script. One GPU at a time per
+deployment, as Flex-start quotas are; a second job waits in `queued`. Credentials come from
+GOOGLE_APPLICATION_CREDENTIALS (or the environment's default); VERI_GCP_API_URL points it
+elsewhere."""
+
+import contextlib
+import re
+from functools import cache
+
+from django.conf import settings
+from google.api_core import exceptions as gcp_errors
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from providers import bootstrap
+from providers.base import (
+    CapacityError,
+    InstanceState,
+    LaunchSpec,
+    ProviderAdapter,
+    ProviderError,
+    QuotaError,
+)
+from veri.health import deployment_id
+
+MACHINE_TYPES = {"A100-80GB": "a2-ultragpu-1g", "H100-80GB": "a3-highgpu-1g"}
+MAX_RUN_SECONDS = 24 * 3600  # Flex-start's limit: GCP deletes the VM then
+GONE = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
+CAPACITY = re.compile(r"RESOURCE_POOL_EXHAUSTED|does not have enough resources|STOCKOUT", re.I)
+QUOTA = re.compile(r"QUOTA_EXCEEDED|quota .* exceeded", re.I)
+
+
+def instance_name(job_id: str) -> str:
+    """GCE names are lower-case letters, digits and dashes."""
+    return "veri-" + job_id.lower().replace("_", "-")
+
+
+def external_id(zone: str, name: str) -> str:
+    return f"{zone}/{name}"
+
+
+def split_id(external: str) -> tuple[str, str]:
+    zone, _, name = external.partition("/")
+    return zone, name
+
+
+class GcpProvider(ProviderAdapter):
+    name = "gcp"
+    # A VM that GCP took back after this long reached Flex-start's limit (the watchdog's verdict).
+    max_run_seconds = MAX_RUN_SECONDS
+
+    @staticmethod
+    @cache
+    def client() -> compute_v1.InstancesClient:
+        options = ClientOptions(api_endpoint=settings.VERI_GCP_API_URL or None)
+        # A test double needs no Google credentials; everything else uses the default chain.
+        anonymous = settings.VERI_GCP_API_URL and not settings.GOOGLE_APPLICATION_CREDENTIALS
+        return compute_v1.InstancesClient(
+            credentials=AnonymousCredentials() if anonymous else None,
+            client_options=options,
+            transport="rest",
+        )
+
+    def is_configured(self) -> bool:
+        return bool(settings.VERI_GCP_PROJECT) and bool(
+            settings.GOOGLE_APPLICATION_CREDENTIALS or settings.VERI_GCP_API_URL
+        )
+
+    def max_instances(self) -> int:
+        return settings.VERI_GCP_MAX_GPUS
+
+    def launch(self, spec: LaunchSpec) -> str:
+        machine = MACHINE_TYPES.get(spec.gpu_type)
+        if machine is None or spec.gpu_count != 1:
+            raise CapacityError("GCP Flex-start offers 1x A100-80GB or H100-80GB, not this shape")
+        name = instance_name(spec.job_id)
+        instance = compute_v1.Instance(
+            name=name,
+            machine_type=f"zones/{spec.zone}/machineTypes/{machine}",
+            labels={"veri-job": spec.job_id.lower(), "veri-deployment": deployment_id()},
+            metadata=compute_v1.Metadata(
+                items=[compute_v1.Items(key="startup-script", value=bootstrap.render(spec))]
+            ),
+            scheduling=compute_v1.Scheduling(
+                provisioning_model="FLEX_START",
+                instance_termination_action="DELETE",
+                max_run_duration=compute_v1.Duration(seconds=MAX_RUN_SECONDS),
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False,
+            ),
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    initialize_params=compute_v1.AttachedDiskInitializeParams(
+                        source_image=settings.VERI_GCP_IMAGE,
+                        disk_size_gb=settings.VERI_GCP_DISK_GB,
+                    ),
+                )
+            ],
+            network_interfaces=[compute_v1.NetworkInterface(network="global/networks/default")],
+        )
+        try:
+            operation = self.client().insert(
+                project=settings.VERI_GCP_PROJECT, zone=spec.zone, instance_resource=instance
+            )
+            operation.result(timeout=120)  # a stockout is the operation's error, not the call's
+        except gcp_errors.GoogleAPICallError as exc:
+            if CAPACITY.search(str(exc)):
+                raise CapacityError(f"{machine} in {spec.zone}: {exc.message}") from exc
+            if QUOTA.search(str(exc)) or exc.code == 403:
+                raise QuotaError(f"{machine} in {spec.zone}: {exc.message}") from exc
+            raise ProviderError(f"GCP refused {machine} in {spec.zone}: {exc.message}") from exc
+        return external_id(spec.zone, name)
+
+    def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
+        """A VM GCP deleted or stopped was taken back (after 24 h, the watchdog says so)."""
+        answer = {}
+        for external in instance_ids:
+            zone, name = split_id(external)
+            try:
+                vm = self.client().get(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
+                alive = vm.status not in GONE
+            except gcp_errors.NotFound:
+                alive = False
+            answer[external] = InstanceState(alive=alive, reason=None if alive else "reclaimed")
+        return answer
+
+    def terminate(self, instance_id: str) -> None:
+        zone, name = split_id(instance_id)
+        with contextlib.suppress(gcp_errors.NotFound):  # already gone
+            self.client().delete(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
+
+    def tagged_instances(self) -> dict[str, str]:
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=settings.VERI_GCP_PROJECT, filter=f"labels.veri-deployment={deployment_id()}"
+        )
+        found = {}
+        for zone_path, scoped in self.client().aggregated_list(request=request):
+            zone = zone_path.removeprefix("zones/")
+            for vm in scoped.instances:
+                if vm.status in GONE:
+                    continue
+                found[external_id(zone, vm.name)] = vm.labels.get("veri-job", "")
+        return found
