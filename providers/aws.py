@@ -30,6 +30,9 @@ INSTANCE_TYPES: dict[str, tuple[tuple[int, str], ...]] = {
     "A100-80GB": ((8, "p4de.24xlarge"),),
     "H100-80GB": ((8, "p5.48xlarge"),),
 }
+# Service Quotas' codes for running on-demand instances, in vCPUs, by instance family letter.
+VCPU_QUOTAS = {"g": "L-DB2E81BA", "p": "L-417A185B"}  # G and VT; P
+QUOTA_FAMILIES = {"g": ("g", "vt"), "p": ("p",)}  # the instance types each quota counts
 CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported"}
 QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
@@ -78,10 +81,46 @@ class AwsProvider(ProviderAdapter):
         answer = self.client("ssm", region).get_parameter(Name=DEFAULT_AMI_PARAMETER)
         return answer["Parameter"]["Value"]
 
+    def quota_problem(self, region: str, kind: str) -> str | None:
+        """Why Veri's vCPU quota for `kind`'s family cannot take one more, from Service Quotas and
+        the instances running; None when it can, or when AWS does not say (the launch finds out)."""
+        family = kind[0]
+        try:
+            quota = self.client("service-quotas", region).get_service_quota(
+                ServiceCode="ec2", QuotaCode=VCPU_QUOTAS[family]
+            )["Quota"]["Value"]
+            running = [
+                i
+                for i in self._describe(
+                    region,
+                    Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}],
+                )
+                if i["InstanceType"].startswith(QUOTA_FAMILIES[family])
+            ]
+            kinds = sorted({kind} | {i["InstanceType"] for i in running})
+            vcpus = {
+                t["InstanceType"]: t["VCpuInfo"]["DefaultVCpus"]
+                for t in self.client("ec2", region).describe_instance_types(InstanceTypes=kinds)[
+                    "InstanceTypes"
+                ]
+            }
+        except (ClientError, BotoCoreError, KeyError):
+            return None
+        used = sum(vcpus.get(i["InstanceType"], 0) for i in running)
+        needed = vcpus.get(kind, 0)
+        if used + needed <= quota:
+            return None
+        return (
+            f"{VCPU_QUOTAS[family]} allows {quota:g} vCPUs of {family.upper()} instances in "
+            f"{region}; {used} are in use and {kind} needs {needed}"
+        )
+
     def launch(self, spec: LaunchSpec) -> str:
         kind = instance_type(spec.gpu_type, spec.gpu_count)
         if kind is None:
             raise CapacityError(f"EC2 has no instance type with {spec.gpu_count}x {spec.gpu_type}")
+        if problem := self.quota_problem(spec.region, kind):
+            raise QuotaError(problem)
         tags = [
             {"Key": JOB_TAG, "Value": spec.job_id},
             {"Key": DEPLOYMENT_TAG, "Value": deployment_id()},

@@ -41,6 +41,7 @@ class LaunchSpec:
 @dataclass(frozen=True, slots=True)
 class InstanceState:
     alive: bool
+    ready: bool = True  # False while the provider still looks for the machine (Flex-start)
     reason: str | None = (
         None  # why it ended, when the provider says: "reclaimed", "max_run_duration"
     )
@@ -50,6 +51,9 @@ class ProviderAdapter:
     name: str
     availability_ttl_seconds = 60  # how long an answer of available_regions is reused
     max_run_seconds: int | None = None  # the provider ends a machine after this long
+    # A request the provider fulfils later (GCP Flex-start): the job stays `queued`, unbilled,
+    # until the machine is there (`InstanceState.ready`).
+    waits_for_capacity = False
 
     def max_instances(self) -> int | None:
         """How many machines this deployment may hold on the provider at once (None: no limit

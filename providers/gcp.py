@@ -29,6 +29,7 @@ from veri.health import deployment_id
 MACHINE_TYPES = {"A100-80GB": "a2-ultragpu-1g", "H100-80GB": "a3-highgpu-1g"}
 MAX_RUN_SECONDS = 24 * 3600  # Flex-start's limit: GCP deletes the VM then
 GONE = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
+READY = {"STAGING", "RUNNING"}  # the GPU is ours (PROVISIONING: Flex-start still looks)
 CAPACITY = re.compile(r"RESOURCE_POOL_EXHAUSTED|does not have enough resources|STOCKOUT", re.I)
 QUOTA = re.compile(r"QUOTA_EXCEEDED|quota .* exceeded", re.I)
 
@@ -51,6 +52,7 @@ class GcpProvider(ProviderAdapter):
     name = "gcp"
     # A VM that GCP took back after this long reached Flex-start's limit (the watchdog's verdict).
     max_run_seconds = MAX_RUN_SECONDS
+    waits_for_capacity = True  # Flex-start finds the GPU within about 15 minutes
 
     @staticmethod
     @cache
@@ -123,10 +125,15 @@ class GcpProvider(ProviderAdapter):
             zone, name = split_id(external)
             try:
                 vm = self.client().get(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
-                alive = vm.status not in GONE
+                status = vm.status
             except gcp_errors.NotFound:
-                alive = False
-            answer[external] = InstanceState(alive=alive, reason=None if alive else "reclaimed")
+                status = "DELETED"
+            alive = status not in GONE and status != "DELETED"
+            answer[external] = InstanceState(
+                alive=alive,
+                ready=status in READY,
+                reason=None if alive else "reclaimed",
+            )
         return answer
 
     def terminate(self, instance_id: str) -> None:

@@ -30,7 +30,7 @@ class LaunchAttempt(models.Model):
     zone = models.CharField(max_length=60)
     outcome = models.CharField(
         max_length=30
-    )  # launched | capacity | quota | funds | no_slot | error
+    )  # launched | requested | capacity | quota | funds | no_slot | error
     message = models.TextField(blank=True)
     at = models.DateTimeField(auto_now_add=True)
 

@@ -1,6 +1,7 @@
 """django-q2 tasks for training jobs: launching, watchdogs, settling, log archiving.
 Each is idempotent and safe when two runs overlap."""
 
+import contextlib
 import logging
 import time
 import uuid
@@ -139,6 +140,17 @@ def provision_job(*, job_id: int) -> str:
                 return code
             tried.append(zone)
             continue
+        if adapter.waits_for_capacity:
+            # The provider finds the machine later: the job stays queued and unbilled until the
+            # watchdog (or the worker registering) sees it obtained.
+            Instance.objects.filter(pk=instance.pk).update(external_id=external_id)
+            LaunchAttempt.objects.create(
+                job=job, provider=job.provider, zone=zone, outcome="requested"
+            )
+            JobEvent.objects.create(
+                job=job, type="capacity_requested", detail={"zone": zone, "instance": external_id}
+            )
+            return "requested: the provider is finding the machine"
         Instance.objects.filter(pk=instance.pk).update(
             external_id=external_id, launched_at=timezone.now()
         )
@@ -217,6 +229,10 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
     failed: dict[str, int] = defaultdict(int)
     still_active = []
     for job in active:
+        if _obtained(job, states):
+            with contextlib.suppress(jobs.InvalidTransition):  # it moved on meanwhile
+                jobs.machine_obtained(job=job)
+            continue
         verdict = _verdict(job, states, now)
         if not verdict:
             still_active.append(job)
@@ -232,10 +248,24 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
     return dict(failed)
 
 
+def _obtained(job: TrainingJob, states: dict) -> bool:
+    """A queued job whose requested machine the provider now has ready."""
+    instance = getattr(job, "instance", None)
+    if job.status != S.QUEUED or instance is None or not instance.external_id:
+        return False
+    state = states.get(instance.external_id)
+    return state is not None and state.alive and state.ready
+
+
 def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] | None:
     instance = getattr(job, "instance", None)
     state = states.get(instance.external_id) if instance and instance.external_id else None
     if job.status == S.QUEUED:
+        if state is not None and not state.alive:  # the provider gave up finding the machine
+            return "CAPACITY_UNAVAILABLE", (
+                f"{job.provider} could not find {job.gpu_count}x {job.gpu_type} for this job and "
+                "withdrew the request. Not billed. Retry later, or pick another GPU or provider."
+            )
         spec = catalog.get_provider(job.provider)
         if (
             job.launch_claimed_at

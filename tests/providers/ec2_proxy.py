@@ -1,6 +1,7 @@
 """A real HTTP proxy in front of moto's EC2 that refuses chosen launches the way EC2 does (an
 error document with EC2's code) and records every action asked of it."""
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
@@ -17,6 +18,7 @@ class Ec2Proxy:
     def __init__(self, upstream: str):
         self.upstream = upstream.rstrip("/")
         self.refusals: dict[str, str] = {}  # zone -> EC2 error code for RunInstances there
+        self.quotas: dict[str, float] = {}  # Service Quotas' code -> value (moto has none)
         self.actions: list[dict] = []  # every EC2 request's form fields (first values)
         self.lock = threading.Lock()
         proxy = self
@@ -40,6 +42,14 @@ class Ec2Proxy:
 
     def handle(self, request: BaseHTTPRequestHandler) -> None:
         body = request.rfile.read(int(request.headers.get("Content-Length") or 0))
+        target = request.headers.get("X-Amz-Target", "")
+        if target.endswith(".GetServiceQuota"):
+            code = json.loads(body)["QuotaCode"]
+            if code in self.quotas:
+                quota = {"ServiceCode": "ec2", "QuotaCode": code, "Value": self.quotas[code]}
+                payload = json.dumps({"Quota": quota}).encode()
+                self._answer(request, 200, payload, "application/x-amz-json-1.1")
+                return
         fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         with self.lock:
             self.actions.append(fields)

@@ -335,3 +335,18 @@ def test_an_operator_with_aws_gets_jobs_launched_on_ec2_by_the_qcluster(
     assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").status_code == 200
     [after] = instances(s3_endpoint)
     assert after["State"]["Name"] == "terminated"
+
+
+def test_a_full_vcpu_quota_is_quota_exceeded_before_anything_is_launched(
+    ec2, api_client, sft_dataset, s3_endpoint
+):
+    ec2.quotas["L-DB2E81BA"] = 4  # G instances: room for one g6.xlarge
+    first = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=first.pk)
+    assert len(instances(s3_endpoint)) == 1
+    second = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=second.pk)
+    second.refresh_from_db()
+    assert (second.status, second.error_code) == ("failed", "QUOTA_EXCEEDED")
+    assert "L-DB2E81BA allows 4 vCPUs" in second.error_message
+    assert len(ec2.calls("RunInstances")) == 1  # the second was never asked of EC2

@@ -12,7 +12,7 @@ from providers import services as provider_services
 from providers.gcp import GcpProvider
 from providers.models import Instance, LaunchAttempt
 from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVast
-from tests.training.conftest import drive, upload_dataset
+from tests.training.conftest import drive, upload_dataset, worker_client
 from training import tasks
 from training.models import TrainingJob
 from veri.health import deployment_id
@@ -186,9 +186,36 @@ def gcp(settings):
     assert fake.bad == []
 
 
+def obtained(fake, job: TrainingJob) -> TrainingJob:
+    """GCP found the GPU: the VM runs, and the next watchdog tick sees it."""
+    for vm in fake.vms.values():
+        vm["status"] = "RUNNING"
+    tasks.check_jobs(now=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def test_gcp_flex_start_waits_in_queued_unbilled_until_gcp_has_the_gpu(gcp, api_client, data):
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    assert job.status == "queued" and len(gcp.vms) == 1, (job.error_code, job.error_message)
+    tasks.check_jobs(now=timezone.now())  # GCP still looks: nothing changes, nothing accrues
+    job.refresh_from_db()
+    assert job.status == "queued" and Instance.objects.get(job=job).launched_at is None
+    assert obtained(gcp, job).status == "provisioning"
+    assert Instance.objects.get(job=job).launched_at is not None  # billing starts here
+    # GCP gives up on another request: the job fails, unbilled.
+    other = submit(api_client, data, "gcp", "H100-80GB")
+    api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
+    tasks.provision_job(job_id=other.pk)
+    gcp.vms.clear()
+    tasks.check_jobs(now=timezone.now())
+    other.refresh_from_db()
+    assert (other.status, other.error_code) == ("failed", "CAPACITY_UNAVAILABLE")
+
+
 def test_gcp_launches_a_flex_start_vm_one_gpu_at_a_time(gcp, api_client, data):
     first = submit(api_client, data, "gcp", "H100-80GB")
-    assert first.status == "provisioning", (first.error_code, first.error_message)
+    assert obtained(gcp, first).status == "provisioning", (first.error_code, first.error_message)
     [body] = gcp.calls("POST", r"/compute/v1/projects/veri-test/zones/[^/]+/instances")
     assert body["machineType"] == "zones/us-east4-a/machineTypes/a3-highgpu-1g"
     scheduling = body["scheduling"]
@@ -206,8 +233,7 @@ def test_gcp_launches_a_flex_start_vm_one_gpu_at_a_time(gcp, api_client, data):
     api_client.post(f"/v1/training_jobs/{first.public_id}/cancel")
     assert gcp.vms == {}
     tasks.provision_job(job_id=second.pk)
-    second.refresh_from_db()
-    assert second.status == "provisioning" and len(gcp.vms) == 1
+    assert obtained(gcp, second).status == "provisioning" and len(gcp.vms) == 1
 
 
 def test_gcp_stockout_moves_to_the_next_zone_and_quota_fails_the_job(gcp, api_client, data):
@@ -227,7 +253,7 @@ def test_gcp_stockout_moves_to_the_next_zone_and_quota_fails_the_job(gcp, api_cl
 def test_a_vm_gcp_took_back_is_reclaimed_or_at_its_24_hours(
     gcp, api_client, data, hours_ran, code, fault
 ):
-    job = submit(api_client, data, "gcp", "H100-80GB")
+    job = obtained(gcp, submit(api_client, data, "gcp", "H100-80GB"))
     drive(job, "configuring", "running")
     Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=hours_ran))
     gcp.vms.clear()  # GCP deleted the VM
@@ -241,3 +267,17 @@ def test_gcp_sweeper_deletes_vms_of_ended_jobs(gcp, api_client, data):
     TrainingJob.objects.filter(pk=job.pk).update(status="failed", error_code="worker_failed")
     assert provider_services.sweep_orphans() == [Instance.objects.get(job=job).external_id]
     assert gcp.vms == {}
+
+
+def test_a_worker_registering_before_the_watchdog_saw_the_gpu_moves_the_job_on(
+    gcp, api_client, data
+):
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    assert job.status == "queued"
+    answer = worker_client(job).post(
+        f"/v1/worker/jobs/{job.public_id}/register", {"hostname": "vm"}, format="json"
+    )
+    assert answer.status_code == 200, answer.json()
+    job.refresh_from_db()
+    assert job.status == "configuring"
+    assert Instance.objects.get(job=job).launched_at is not None

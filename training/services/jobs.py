@@ -89,6 +89,18 @@ def fail_job(
     )
 
 
+def machine_obtained(*, job: TrainingJob) -> TrainingJob:
+    """A provider that fulfils requests later (Flex-start) has the machine: billing starts now
+    and the job leaves `queued` (idempotent: a later call changes nothing)."""
+    with transaction.atomic():
+        Instance.objects.filter(job=job, launched_at__isnull=True).update(
+            launched_at=timezone.now()
+        )
+        if job.status == S.QUEUED:
+            job = transition_job(job_id=job.pk, to=S.PROVISIONING, detail={"capacity": "obtained"})
+    return job
+
+
 def terminate_instance(*, job: TrainingJob) -> None:
     """Stop the job's machine now (idempotent); cost stops accruing at `terminated_at`."""
     instance = Instance.objects.filter(job=job, terminated_at__isnull=True).first()

@@ -22,7 +22,7 @@ from training.models import (
     TrainingJob,
 )
 from training.services import alarms, logs
-from training.services.jobs import InvalidTransition, fail_job, transition_job
+from training.services.jobs import InvalidTransition, fail_job, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
 from volumes.models import Volume, VolumeFile
@@ -59,7 +59,10 @@ def authenticate_job_token(*, raw: str) -> TrainingJob | None:
 
 
 def register(*, job: TrainingJob, info: dict) -> TrainingJob:
-    """The worker is up: provisioning → configuring (a re-register while configuring is fine)."""
+    """The worker is up: provisioning → configuring (a re-register while configuring is fine).
+    A worker on a machine the watchdog has not yet seen obtained (Flex-start) moves it on."""
+    if job.status == S.QUEUED:
+        job = machine_obtained(job=job)
     job = transition_job(job_id=job.pk, to=S.CONFIGURING, detail={"worker": info})
     heartbeat(job=job, step=None)
     return job
