@@ -17,6 +17,8 @@ from providers.base import (
     ProviderAdapter,
     ProviderError,
     QuotaError,
+    scoped_id,
+    split_scoped_id,
 )
 from veri.health import deployment_id
 
@@ -44,16 +46,6 @@ DEFAULT_AMI_PARAMETER = (
 
 def instance_type(gpu_type: str, gpu_count: int) -> str | None:
     return next((t for n, t in INSTANCE_TYPES.get(gpu_type, ()) if n >= gpu_count), None)
-
-
-def external_id(region: str, instance_id: str) -> str:
-    """Veri's id of an instance: the region is part of it, as EC2 ids are per region."""
-    return f"{region}/{instance_id}"
-
-
-def split_id(external: str) -> tuple[str, str]:
-    region, _, instance_id = external.partition("/")
-    return region, instance_id
 
 
 class AwsProvider(ProviderAdapter):
@@ -156,7 +148,7 @@ class AwsProvider(ProviderAdapter):
             raise ProviderError(f"EC2 refused {kind} in {spec.zone}: {message}") from exc
         except BotoCoreError as exc:
             raise ProviderError(f"EC2 could not be reached: {exc}") from exc
-        return external_id(spec.region, answer["Instances"][0]["InstanceId"])
+        return scoped_id(spec.region, answer["Instances"][0]["InstanceId"])
 
     def _describe(self, region: str, **query) -> list[dict]:
         pages = self.client("ec2", region).get_paginator("describe_instances").paginate(**query)
@@ -165,7 +157,7 @@ class AwsProvider(ProviderAdapter):
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         by_region: dict[str, list[str]] = {}
         for external in instance_ids:
-            region, instance_id = split_id(external)
+            region, instance_id = split_scoped_id(external)
             by_region.setdefault(region, []).append(instance_id)
         found: dict[str, InstanceState] = {}
         for region, ids in by_region.items():
@@ -175,7 +167,7 @@ class AwsProvider(ProviderAdapter):
                 state = instance["State"]["Name"]
                 reason = instance.get("StateReason", {}).get("Code", "")
                 reclaimed = "SpotInstanceTermination" in reason or reason == "Server.InternalError"
-                found[external_id(region, instance["InstanceId"])] = InstanceState(
+                found[scoped_id(region, instance["InstanceId"])] = InstanceState(
                     alive=state not in GONE_STATES,
                     reason="reclaimed" if state in GONE_STATES and reclaimed else None,
                 )
@@ -183,7 +175,7 @@ class AwsProvider(ProviderAdapter):
         return {i: found.get(i, InstanceState(alive=False)) for i in instance_ids}
 
     def terminate(self, instance_id: str) -> None:
-        region, ec2_id = split_id(instance_id)
+        region, ec2_id = split_scoped_id(instance_id)
         try:
             self.client("ec2", region).terminate_instances(InstanceIds=[ec2_id])
         except ClientError as exc:
@@ -202,7 +194,7 @@ class AwsProvider(ProviderAdapter):
                 ],
             ):
                 tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-                found[external_id(region, instance["InstanceId"])] = tags.get(JOB_TAG, "")
+                found[scoped_id(region, instance["InstanceId"])] = tags.get(JOB_TAG, "")
         return found
 
     def available_regions(self, gpu_type: str) -> list[str] | None:

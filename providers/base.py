@@ -27,6 +27,16 @@ class ControlPlaneUnreachable(ProviderError):
     """A worker launched now could not call the control plane back (`VERI_PUBLIC_URL`)."""
 
 
+def scoped_id(where: str, name: str) -> str:
+    """Veri's id of a machine whose provider names it per region or zone: `where/name`."""
+    return f"{where}/{name}"
+
+
+def split_scoped_id(external: str) -> tuple[str, str]:
+    where, _, name = external.partition("/")
+    return where, name
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     job_id: str

@@ -23,6 +23,8 @@ from providers.base import (
     ProviderAdapter,
     ProviderError,
     QuotaError,
+    scoped_id,
+    split_scoped_id,
 )
 from veri.health import deployment_id
 
@@ -37,15 +39,6 @@ QUOTA = re.compile(r"QUOTA_EXCEEDED|quota .* exceeded", re.I)
 def instance_name(job_id: str) -> str:
     """GCE names are lower-case letters, digits and dashes."""
     return "veri-" + job_id.lower().replace("_", "-")
-
-
-def external_id(zone: str, name: str) -> str:
-    return f"{zone}/{name}"
-
-
-def split_id(external: str) -> tuple[str, str]:
-    zone, _, name = external.partition("/")
-    return zone, name
 
 
 class GcpProvider(ProviderAdapter):
@@ -116,13 +109,13 @@ class GcpProvider(ProviderAdapter):
             if QUOTA.search(str(exc)) or exc.code == 403:
                 raise QuotaError(f"{machine} in {spec.zone}: {exc.message}") from exc
             raise ProviderError(f"GCP refused {machine} in {spec.zone}: {exc.message}") from exc
-        return external_id(spec.zone, name)
+        return scoped_id(spec.zone, name)
 
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         """A VM GCP deleted or stopped was taken back (after 24 h, the watchdog says so)."""
         answer = {}
         for external in instance_ids:
-            zone, name = split_id(external)
+            zone, name = split_scoped_id(external)
             try:
                 vm = self.client().get(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
                 status = vm.status
@@ -137,7 +130,7 @@ class GcpProvider(ProviderAdapter):
         return answer
 
     def terminate(self, instance_id: str) -> None:
-        zone, name = split_id(instance_id)
+        zone, name = split_scoped_id(instance_id)
         with contextlib.suppress(gcp_errors.NotFound):  # already gone
             self.client().delete(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
 
@@ -151,5 +144,5 @@ class GcpProvider(ProviderAdapter):
             for vm in scoped.instances:
                 if vm.status in GONE:
                     continue
-                found[external_id(zone, vm.name)] = vm.labels.get("veri-job", "")
+                found[scoped_id(zone, vm.name)] = vm.labels.get("veri-job", "")
         return found
