@@ -15,7 +15,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from providers import bootstrap
+from providers import bootstrap, catalog
 from providers.base import (
     CapacityError,
     InstanceState,
@@ -29,6 +29,7 @@ from providers.base import (
 from veri.health import deployment_id
 
 MACHINE_TYPES = {"A100-80GB": "a2-ultragpu-1g", "H100-80GB": "a3-highgpu-1g"}
+ACCELERATORS = {"A100-80GB": "nvidia-a100-80gb", "H100-80GB": "nvidia-h100-80gb"}
 MAX_RUN_SECONDS = 24 * 3600  # Flex-start's limit: GCP deletes the VM then
 GONE = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
 READY = {"STAGING", "RUNNING"}  # the GPU is ours (PROVISIONING: Flex-start still looks)
@@ -49,11 +50,11 @@ class GcpProvider(ProviderAdapter):
 
     @staticmethod
     @cache
-    def client() -> compute_v1.InstancesClient:
+    def client(kind=compute_v1.InstancesClient):
         options = ClientOptions(api_endpoint=settings.VERI_GCP_API_URL or None)
         # A test double needs no Google credentials; everything else uses the default chain.
         anonymous = settings.VERI_GCP_API_URL and not settings.GOOGLE_APPLICATION_CREDENTIALS
-        return compute_v1.InstancesClient(
+        return kind(
             credentials=AnonymousCredentials() if anonymous else None,
             client_options=options,
             transport="rest",
@@ -146,3 +147,22 @@ class GcpProvider(ProviderAdapter):
                     continue
                 found[scoped_id(zone, vm.name)] = vm.labels.get("veri-job", "")
         return found
+
+    def available_regions(self, gpu_type: str) -> list[str] | None:
+        """Regions with a zone that offers the GPU (Flex-start finds out at request time whether
+        one is free)."""
+        accelerator = ACCELERATORS.get(gpu_type)
+        if accelerator is None:
+            return []
+        request = compute_v1.AggregatedListAcceleratorTypesRequest(
+            project=settings.VERI_GCP_PROJECT, filter=f"name={accelerator}"
+        )
+        try:
+            pages = self.client(compute_v1.AcceleratorTypesClient).aggregated_list(request=request)
+            zones = {
+                zone.removeprefix("zones/") for zone, scoped in pages if scoped.accelerator_types
+            }
+        except gcp_errors.GoogleAPICallError:
+            return None
+        spec = catalog.get_provider(self.name)
+        return [region for region, names in spec.zones.items() if zones & set(names)]

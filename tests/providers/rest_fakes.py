@@ -253,6 +253,7 @@ class FakeGcp(FakeApi):
         self.vms: dict[tuple[str, str], dict] = {}  # (zone, name) -> instance
         self.stockouts: set[str] = set()  # zones without capacity
         self.quota_exceeded = False
+        self.accelerators = [("us-east4-a", "nvidia-h100-80gb"), ("us-west1-a", "nvidia-a100-80gb")]
         super().__init__()
 
     def operation(self, zone: str, error: str | None = None) -> dict:
@@ -290,6 +291,16 @@ class FakeGcp(FakeApi):
                     continue
                 items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(vm)
             return 200, {"kind": "compute#instanceAggregatedList", "items": items}
+        if re.fullmatch(self.PREFIX + r"/aggregated/acceleratorTypes", path) and method == "GET":
+            wanted = re.fullmatch(r"name=([a-z0-9-]+)", query.get("filter", ""))
+            items = {
+                f"zones/{zone}": {
+                    "acceleratorTypes": [{"name": name, "zone": zone, "maximumCardsPerInstance": 8}]
+                }
+                for zone, name in self.accelerators
+                if not wanted or wanted[1] == name
+            }
+            return 200, {"kind": "compute#acceleratorTypeAggregatedList", "items": items}
         return 404, {"error": {"code": 404, "message": f"no route {method} {path}"}}
 
     def insert(self, zone, body):

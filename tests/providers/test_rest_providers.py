@@ -281,3 +281,9 @@ def test_a_worker_registering_before_the_watchdog_saw_the_gpu_moves_the_job_on(
     job.refresh_from_db()
     assert job.status == "configuring"
     assert Instance.objects.get(job=job).launched_at is not None
+
+
+def test_gpus_for_gcp_are_the_regions_whose_zones_offer_them(gcp, api_client):
+    rows = api_client.get("/v1/gpus", {"provider": "gcp"}).json()["data"]
+    by_gpu = {r["gpu_type"]: r["available_regions"] for r in rows}
+    assert by_gpu == {"H100-80GB": ["us-east-1"], "A100-80GB": ["us-west-2"]}
