@@ -28,7 +28,7 @@ from providers.base import (
 )
 from providers.models import Instance, LaunchAttempt, ProviderLock
 from providers.services import get_adapter, usable_providers
-from training.models import JobEvent, JobStatus, TrainingJob, WatchdogState
+from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob, WatchdogState
 from training.services import jobs, logs, stops
 from training.services.worker import mint_job_token
 
@@ -150,6 +150,8 @@ def provision_job(*, job_id: int) -> str:
             JobEvent.objects.create(
                 job=job, type="capacity_requested", detail={"zone": zone, "instance": external_id}
             )
+            if TrainingJob.objects.filter(pk=job.pk, status__in=TERMINAL).exists():
+                return _ended_while_launching(adapter, instance, external_id)
             return "requested: the provider is finding the machine"
         Instance.objects.filter(pk=instance.pk).update(
             external_id=external_id, launched_at=timezone.now()
@@ -160,8 +162,7 @@ def provision_job(*, job_id: int) -> str:
                 job_id=job.pk, to=S.PROVISIONING, detail={"zone": zone, "instance": external_id}
             )
         except jobs.InvalidTransition:  # cancelled or timed out while launching
-            jobs.terminate_instance(job=job)
-            return "launched, but the job had already ended: terminated"
+            return _ended_while_launching(adapter, instance, external_id)
         return "launched"
     jobs.fail_job(
         job_id=job.pk,
@@ -173,6 +174,16 @@ def provision_job(*, job_id: int) -> str:
         ),
     )
     return "CAPACITY_UNAVAILABLE"
+
+
+def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str:
+    """The job was cancelled (or timed out) while its machine was being launched: the cancel
+    found no machine id to terminate, so the launch terminates what it got."""
+    adapter.terminate(external_id)
+    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
+        terminated_at=timezone.now()
+    )
+    return "launched, but the job had already ended: terminated"
 
 
 def settle_job(*, job_id: int) -> None:

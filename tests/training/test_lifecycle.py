@@ -200,6 +200,16 @@ def test_launch_timeout_stops_a_launch_that_finishes_late(submit, cloud):
     assert Instance.objects.get(job=job).terminated_at is not None
 
 
+def test_a_cancel_while_the_machine_is_launching_still_terminates_it(submit, cloud):
+    job = submit()
+    # The customer cancels while the provider is launching: the cancel finds no machine id yet.
+    cloud.on_launch = lambda: jobs.cancel_job(job=TrainingJob.objects.get(pk=job.pk))
+    assert tasks.provision_job(job_id=job.pk).startswith("launched, but the job had already ended")
+    assert cloud.terminated == ["i-0001"]
+    job.refresh_from_db()
+    assert job.status == "cancelled" and Instance.objects.get(job=job).terminated_at is not None
+
+
 def test_provisioning_timeout_and_error(submit, cloud, settings):
     slow, gone = submit(), submit()
     for job in (slow, gone):
