@@ -3,8 +3,8 @@
 import os
 import sys
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -20,23 +20,6 @@ def env_bool(name: str, default: bool = False) -> bool:
     if value is None:
         return default
     return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def database_from_url(url: str) -> dict:
-    """`sqlite:///abs/path` or `postgres://user:pass@host:port/name`."""
-    parts = urlsplit(url)
-    if parts.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path)}
-    if parts.scheme in {"postgres", "postgresql"}:
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": unquote(parts.path.lstrip("/")),
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
-        }
-    raise ImproperlyConfigured(f"DATABASE_URL scheme {parts.scheme!r} is not supported.")
 
 
 DEBUG = env_bool("DEBUG")
@@ -104,7 +87,10 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
-DATABASES = {"default": database_from_url(DATABASE_URL)}
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+except ValueError as exc:  # an unknown scheme
+    raise ImproperlyConfigured(f"DATABASE_URL {DATABASE_URL!r}: {exc}") from None
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # The qcluster and the web server write at once: wait for the lock instead of failing.
