@@ -6,12 +6,13 @@ import time
 from functools import cache
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from providers.base import ProviderAdapter
-from providers.catalog import ProviderSpec, providers
-from providers.models import Instance
+from providers.base import NoFreeSlot, ProviderAdapter
+from providers.catalog import GpuType, ProviderSpec, providers
+from providers.models import Instance, ProviderLock
 
 log = logging.getLogger(__name__)
 _availability: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
@@ -40,6 +41,38 @@ def default_provider() -> str:
     if settings.VERI_DEFAULT_PROVIDER:
         return settings.VERI_DEFAULT_PROVIDER
     return "aws" if is_usable("aws") else "local"
+
+
+def reserve_instance(*, job, zone: str, gpu: GpuType) -> Instance:
+    """The Instance row for a launch. On a provider with a limit of machines (the local one's
+    VERI_LOCAL_SLOTS, GCP's one GPU) it takes a slot, under a row lock so that two launches cannot
+    both take the last one, in submit order; NoFreeSlot when none is free."""
+    from training.models import JobStatus, TrainingJob  # training depends on providers
+
+    with transaction.atomic():
+        limit = get_adapter(job.provider).max_instances()
+        if limit is not None:
+            ProviderLock.objects.get_or_create(name=job.provider)
+            ProviderLock.objects.select_for_update().get(name=job.provider)
+            busy = Instance.objects.filter(
+                provider=job.provider, terminated_at__isnull=True
+            ).count()
+            # First come, first served: the free slots belong to the oldest queued jobs.
+            ahead = TrainingJob.objects.filter(
+                provider=job.provider, status=JobStatus.QUEUED, pk__lt=job.pk
+            ).count()
+            if busy + ahead >= limit:
+                raise NoFreeSlot(f"all {limit} {job.provider} slot(s) are busy")
+        Instance.objects.filter(job=job).delete()  # an earlier attempt's row that never launched
+        return Instance.objects.create(
+            job=job,
+            provider=job.provider,
+            region=job.region,
+            zone=zone,
+            gpu_type=gpu.name,
+            gpu_count=job.gpu_count,
+            price_per_hour_micros=gpu.price_per_gpu_hour_micros * job.gpu_count,
+        )
 
 
 def available_regions(name: str, gpu_type: str) -> list[str] | None:

@@ -9,7 +9,6 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
@@ -17,173 +16,17 @@ from django_q.tasks import async_task
 from billing import services as billing
 from providers import catalog
 from providers import services as provider_services
-from providers.base import (
-    CapacityError,
-    ControlPlaneUnreachable,
-    FundsError,
-    LaunchSpec,
-    NoFreeSlot,
-    ProviderError,
-    QuotaError,
-)
-from providers.models import Instance, LaunchAttempt, ProviderLock
-from providers.services import get_adapter, usable_providers
-from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob, WatchdogState
-from training.services import jobs, logs, stops
-from training.services.worker import mint_job_token
+from providers.services import get_adapter
+from training.models import JobStatus, TrainingJob, WatchdogState
+from training.services import jobs, logs, provisioning, stops
 
 log = logging.getLogger(__name__)
 S = JobStatus
 ACTIVE = [S.QUEUED, S.PROVISIONING, S.CONFIGURING, S.RUNNING]
 
 
-def _alternative(job: TrainingJob, refused: str) -> str:
-    """`or use: …` naming a shape on another usable provider, for quota and funds failures."""
-    for spec in usable_providers():
-        if spec.name == refused or job.region not in spec.zones:
-            continue
-        gpu = spec.gpu(job.gpu_type) or spec.gpus[0]
-        return f"or use: provider={spec.name} gpu_type={gpu.name} region={job.region}"
-    return "or use: another provider once one is configured (none other is usable right now)"
-
-
-def _reserve(job: TrainingJob, zone: str, gpu: catalog.GpuType) -> Instance:
-    """An Instance row for the launch. On a provider with a limit of machines (the local one's
-    VERI_LOCAL_SLOTS, GCP's one GPU) it takes a slot, under a row lock so that two launches cannot
-    both take the last one, in submit order."""
-    with transaction.atomic():
-        limit = get_adapter(job.provider).max_instances()
-        if limit is not None:
-            ProviderLock.objects.get_or_create(name=job.provider)
-            ProviderLock.objects.select_for_update().get(name=job.provider)
-            busy = Instance.objects.filter(
-                provider=job.provider, terminated_at__isnull=True
-            ).count()
-            # First come, first served: the free slots belong to the oldest queued jobs.
-            ahead = TrainingJob.objects.filter(
-                provider=job.provider, status=S.QUEUED, pk__lt=job.pk
-            ).count()
-            if busy + ahead >= limit:
-                raise NoFreeSlot(f"all {limit} {job.provider} slot(s) are busy")
-        Instance.objects.filter(job=job).delete()  # an earlier attempt's row that never launched
-        return Instance.objects.create(
-            job=job,
-            provider=job.provider,
-            region=job.region,
-            zone=zone,
-            gpu_type=gpu.name,
-            gpu_count=job.gpu_count,
-            price_per_hour_micros=gpu.price_per_gpu_hour_micros * job.gpu_count,
-        )
-
-
 def provision_job(*, job_id: int) -> str:
-    """Launch the job's instance, trying each capable zone up to `max_launch_attempts`.
-    The claim (a conditional UPDATE) makes a second concurrent run a no-op."""
-    claimed = TrainingJob.objects.filter(
-        pk=job_id, status=S.QUEUED, launch_claimed_at__isnull=True
-    ).update(launch_claimed_at=timezone.now())
-    if not claimed:
-        return "not claimed: launched, finished or being launched elsewhere"
-    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
-    spec, adapter = catalog.get_provider(job.provider), get_adapter(job.provider)
-    gpu = spec.gpu(job.gpu_type)
-    zones = spec.zones.get(job.region, ())[: job.max_launch_attempts]
-    tried = []
-    for zone in zones:
-        try:
-            instance = _reserve(job, zone, gpu)
-        except NoFreeSlot:
-            TrainingJob.objects.filter(pk=job.pk).update(launch_claimed_at=None)
-            return "waiting for a free slot"
-        token = mint_job_token(job=job)
-        launch = LaunchSpec(
-            job_id=job.public_id,
-            region=job.region,
-            zone=zone,
-            gpu_type=gpu.name,
-            gpu_count=job.gpu_count,
-            api_url=settings.VERI_PUBLIC_URL,
-            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": settings.VERI_PUBLIC_URL},
-        )
-        try:
-            external_id = adapter.launch(launch)
-        except ControlPlaneUnreachable as exc:
-            instance.delete()
-            jobs.fail_job(job_id=job.pk, code="provisioning_error", message=str(exc))
-            return "provisioning_error"
-        except ProviderError as exc:
-            instance.delete()
-            outcome = {CapacityError: "capacity", QuotaError: "quota", FundsError: "funds"}.get(
-                type(exc), "error"
-            )
-            LaunchAttempt.objects.create(
-                job=job, provider=job.provider, zone=zone, outcome=outcome, message=str(exc)
-            )
-            JobEvent.objects.create(
-                job=job,
-                type="launch_attempt_failed",
-                detail={"zone": zone, "outcome": outcome, "message": str(exc)},
-            )
-            if isinstance(exc, QuotaError | FundsError):
-                code = "QUOTA_EXCEEDED" if isinstance(exc, QuotaError) else "PROVIDER_OUT_OF_FUNDS"
-                what = (
-                    "Veri's account limit"
-                    if isinstance(exc, QuotaError)
-                    else "Veri's prepaid balance"
-                )
-                message = (
-                    f"{what} on {job.provider} is exhausted ({exc}). Nothing booted and "
-                    f"nothing is billed. Retry in a few minutes, {_alternative(job, job.provider)}"
-                )
-                jobs.fail_job(job_id=job.pk, code=code, message=message)
-                return code
-            tried.append(zone)
-            continue
-        if adapter.waits_for_capacity:
-            # The provider finds the machine later: the job stays queued and unbilled until the
-            # watchdog (or the worker registering) sees it obtained.
-            Instance.objects.filter(pk=instance.pk).update(external_id=external_id)
-            LaunchAttempt.objects.create(
-                job=job, provider=job.provider, zone=zone, outcome="requested"
-            )
-            JobEvent.objects.create(
-                job=job, type="capacity_requested", detail={"zone": zone, "instance": external_id}
-            )
-            if TrainingJob.objects.filter(pk=job.pk, status__in=TERMINAL).exists():
-                return _ended_while_launching(adapter, instance, external_id)
-            return "requested: the provider is finding the machine"
-        Instance.objects.filter(pk=instance.pk).update(
-            external_id=external_id, launched_at=timezone.now()
-        )
-        LaunchAttempt.objects.create(job=job, provider=job.provider, zone=zone, outcome="launched")
-        try:
-            jobs.transition_job(
-                job_id=job.pk, to=S.PROVISIONING, detail={"zone": zone, "instance": external_id}
-            )
-        except jobs.InvalidTransition:  # cancelled or timed out while launching
-            return _ended_while_launching(adapter, instance, external_id)
-        return "launched"
-    jobs.fail_job(
-        job_id=job.pk,
-        code="CAPACITY_UNAVAILABLE",
-        message=(
-            f"No capacity for {job.gpu_count}x {job.gpu_type} on {job.provider} in "
-            f"{job.region}; tried zones: {', '.join(tried) or 'none'}. Retry later, pick a "
-            "different gpu_type, or launch in another region (veri regions list)."
-        ),
-    )
-    return "CAPACITY_UNAVAILABLE"
-
-
-def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str:
-    """The job was cancelled (or timed out) while its machine was being launched: the cancel
-    found no machine id to terminate, so the launch terminates what it got."""
-    adapter.terminate(external_id)
-    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
-        terminated_at=timezone.now()
-    )
-    return "launched, but the job had already ended: terminated"
+    return provisioning.launch_job(job_id=job_id)
 
 
 def settle_job(*, job_id: int) -> None:

@@ -1,0 +1,143 @@
+"""Launching a job's machine: zone by zone on its provider, each refusal recorded and mapped to
+the catalog's codes with the message a customer reads; a provider that fulfils requests later
+(Flex-start) leaves the job queued until the machine is there."""
+
+from django.conf import settings
+from django.utils import timezone
+
+from providers import catalog
+from providers.base import (
+    CapacityError,
+    ControlPlaneUnreachable,
+    FundsError,
+    LaunchSpec,
+    NoFreeSlot,
+    ProviderError,
+    QuotaError,
+)
+from providers.models import Instance, LaunchAttempt
+from providers.services import get_adapter, reserve_instance, usable_providers
+from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
+from training.services import jobs
+from training.services.worker import mint_job_token
+
+S = JobStatus
+
+
+def _alternative(job: TrainingJob, refused: str) -> str:
+    """`or use: …` naming a shape on another usable provider, for quota and funds failures."""
+    for spec in usable_providers():
+        if spec.name == refused or job.region not in spec.zones:
+            continue
+        gpu = spec.gpu(job.gpu_type) or spec.gpus[0]
+        return f"or use: provider={spec.name} gpu_type={gpu.name} region={job.region}"
+    return "or use: another provider once one is configured (none other is usable right now)"
+
+
+def launch_job(*, job_id: int) -> str:
+    """Launch the job's instance, trying each capable zone up to `max_launch_attempts`.
+    The claim (a conditional UPDATE) makes a second concurrent run a no-op."""
+    claimed = TrainingJob.objects.filter(
+        pk=job_id, status=S.QUEUED, launch_claimed_at__isnull=True
+    ).update(launch_claimed_at=timezone.now())
+    if not claimed:
+        return "not claimed: launched, finished or being launched elsewhere"
+    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
+    spec, adapter = catalog.get_provider(job.provider), get_adapter(job.provider)
+    gpu = spec.gpu(job.gpu_type)
+    zones = spec.zones.get(job.region, ())[: job.max_launch_attempts]
+    tried = []
+    for zone in zones:
+        try:
+            instance = reserve_instance(job=job, zone=zone, gpu=gpu)
+        except NoFreeSlot:
+            TrainingJob.objects.filter(pk=job.pk).update(launch_claimed_at=None)
+            return "waiting for a free slot"
+        token = mint_job_token(job=job)
+        launch = LaunchSpec(
+            job_id=job.public_id,
+            region=job.region,
+            zone=zone,
+            gpu_type=gpu.name,
+            gpu_count=job.gpu_count,
+            api_url=settings.VERI_PUBLIC_URL,
+            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": settings.VERI_PUBLIC_URL},
+        )
+        try:
+            external_id = adapter.launch(launch)
+        except ControlPlaneUnreachable as exc:
+            instance.delete()
+            jobs.fail_job(job_id=job.pk, code="provisioning_error", message=str(exc))
+            return "provisioning_error"
+        except ProviderError as exc:
+            instance.delete()
+            outcome = {CapacityError: "capacity", QuotaError: "quota", FundsError: "funds"}.get(
+                type(exc), "error"
+            )
+            LaunchAttempt.objects.create(
+                job=job, provider=job.provider, zone=zone, outcome=outcome, message=str(exc)
+            )
+            JobEvent.objects.create(
+                job=job,
+                type="launch_attempt_failed",
+                detail={"zone": zone, "outcome": outcome, "message": str(exc)},
+            )
+            if isinstance(exc, QuotaError | FundsError):
+                code = "QUOTA_EXCEEDED" if isinstance(exc, QuotaError) else "PROVIDER_OUT_OF_FUNDS"
+                what = (
+                    "Veri's account limit"
+                    if isinstance(exc, QuotaError)
+                    else "Veri's prepaid balance"
+                )
+                message = (
+                    f"{what} on {job.provider} is exhausted ({exc}). Nothing booted and "
+                    f"nothing is billed. Retry in a few minutes, {_alternative(job, job.provider)}"
+                )
+                jobs.fail_job(job_id=job.pk, code=code, message=message)
+                return code
+            tried.append(zone)
+            continue
+        if adapter.waits_for_capacity:
+            # The provider finds the machine later: the job stays queued and unbilled until the
+            # watchdog (or the worker registering) sees it obtained.
+            Instance.objects.filter(pk=instance.pk).update(external_id=external_id)
+            LaunchAttempt.objects.create(
+                job=job, provider=job.provider, zone=zone, outcome="requested"
+            )
+            JobEvent.objects.create(
+                job=job, type="capacity_requested", detail={"zone": zone, "instance": external_id}
+            )
+            if TrainingJob.objects.filter(pk=job.pk, status__in=TERMINAL).exists():
+                return _ended_while_launching(adapter, instance, external_id)
+            return "requested: the provider is finding the machine"
+        Instance.objects.filter(pk=instance.pk).update(
+            external_id=external_id, launched_at=timezone.now()
+        )
+        LaunchAttempt.objects.create(job=job, provider=job.provider, zone=zone, outcome="launched")
+        try:
+            jobs.transition_job(
+                job_id=job.pk, to=S.PROVISIONING, detail={"zone": zone, "instance": external_id}
+            )
+        except jobs.InvalidTransition:  # cancelled or timed out while launching
+            return _ended_while_launching(adapter, instance, external_id)
+        return "launched"
+    jobs.fail_job(
+        job_id=job.pk,
+        code="CAPACITY_UNAVAILABLE",
+        message=(
+            f"No capacity for {job.gpu_count}x {job.gpu_type} on {job.provider} in "
+            f"{job.region}; tried zones: {', '.join(tried) or 'none'}. Retry later, pick a "
+            "different gpu_type, or launch in another region (veri regions list)."
+        ),
+    )
+    return "CAPACITY_UNAVAILABLE"
+
+
+def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str:
+    """The job was cancelled (or timed out) while its machine was being launched: the cancel
+    found no machine id to terminate, so the launch terminates what it got."""
+    adapter.terminate(external_id)
+    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
+        terminated_at=timezone.now()
+    )
+    return "launched, but the job had already ended: terminated"
