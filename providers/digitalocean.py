@@ -85,11 +85,7 @@ class DigitalOceanProvider(ProviderAdapter):
         return {i: InstanceState(alive=i in status and status[i] not in GONE) for i in instance_ids}
 
     def terminate(self, instance_id: str) -> None:
-        try:
-            self.api().request("DELETE", f"/v2/droplets/{int(instance_id)}")
-        except ProviderApiError as exc:
-            if exc.status != 404:
-                raise
+        self.api().delete(f"/v2/droplets/{int(instance_id)}")
 
     def tagged_instances(self) -> dict[str, str]:
         found = {}

@@ -54,6 +54,14 @@ class RestClient:
             raise ProviderApiError(self.provider, response.status_code, body)
         raise AssertionError("unreachable")
 
+    def delete(self, path: str) -> None:
+        """Delete a resource; one already gone (404) is fine."""
+        try:
+            self.request("DELETE", path)
+        except ProviderApiError as exc:
+            if exc.status != 404:
+                raise
+
     def _wait(self, response: httpx.Response, attempt: int) -> float:
         try:
             return min(float(response.headers.get("Retry-After", "")), 30.0)

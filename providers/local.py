@@ -89,7 +89,7 @@ class LocalProvider(ProviderAdapter):
     def available_regions(self, gpu_type: str) -> list[str]:
         """This machine runs jobs in any region while a slot is free."""
         busy = Instance.objects.filter(provider="local", terminated_at__isnull=True).count()
-        if busy >= settings.VERI_LOCAL_SLOTS or local_provider().gpu(gpu_type) is None:
+        if busy >= self.max_instances() or local_provider().gpu(gpu_type) is None:
             return []
         return list(local_provider().zones)
 

@@ -107,11 +107,7 @@ class VastProvider(ProviderAdapter):
         return {i: InstanceState(alive=i in status and status[i] not in GONE) for i in instance_ids}
 
     def terminate(self, instance_id: str) -> None:
-        try:
-            self.api().request("DELETE", f"/api/v0/instances/{int(instance_id)}/")
-        except ProviderApiError as exc:
-            if exc.status != 404:
-                raise
+        self.api().delete(f"/api/v0/instances/{int(instance_id)}/")
 
     def tagged_instances(self) -> dict[str, str]:
         return {

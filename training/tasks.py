@@ -226,6 +226,15 @@ def _next_tick(*, run: str, due: float) -> None:
     async_task("training.tasks.watch_tick", run=run, due=due, save=False)
 
 
+def _claim_due(field: str, every_seconds: int, now: datetime) -> bool:
+    """Whether the periodic chore stamped in `field` is due, claiming it (a conditional UPDATE,
+    so two overlapping ticks do not both run it)."""
+    due = Q(**{f"{field}__isnull": True}) | Q(
+        **{f"{field}__lte": now - timedelta(seconds=every_seconds)}
+    )
+    return bool(WatchdogState.objects.filter(due, pk=1).update(**{field: now}))
+
+
 def watch_tick(*, run: str, due: float) -> str:
     """One watchdog tick, then the next one queued `VERI_WATCH_PERIOD_SECONDS` on: deadlines hold
     within seconds, and a task worker is never held longer than one period, so a qcluster stops
@@ -238,15 +247,9 @@ def watch_tick(*, run: str, due: float) -> str:
         return "superseded"
     try:
         check_jobs(now=now)
-        archive_after = now - timedelta(seconds=settings.VERI_LOG_ARCHIVE_SECONDS)
-        if WatchdogState.objects.filter(
-            Q(last_archive_at__isnull=True) | Q(last_archive_at__lte=archive_after), pk=1
-        ).update(last_archive_at=now):
+        if _claim_due("last_archive_at", settings.VERI_LOG_ARCHIVE_SECONDS, now):
             archive_running_logs()
-        sweep_after = now - timedelta(seconds=settings.VERI_SWEEP_SECONDS)
-        if WatchdogState.objects.filter(
-            Q(last_sweep_at__isnull=True) | Q(last_sweep_at__lte=sweep_after), pk=1
-        ).update(last_sweep_at=now):
+        if _claim_due("last_sweep_at", settings.VERI_SWEEP_SECONDS, now):
             provider_services.sweep_orphans()
     finally:
         _next_tick(run=run, due=time.time() + period)
