@@ -26,25 +26,25 @@ def volume_list(request):
     return render(request, "dashboard/volumes.html", {"volumes": volumes})
 
 
-@workspace_view
-def volume_detail(request, volume_id: str):
-    volume = _volume(request, volume_id)
+def _volume_page(request, volume, form: ConfirmNameForm, status: int = 200):
     files = Paginator(selectors.list_files(volume=volume).order_by("path"), PAGE)
     usage = selectors.list_usage(volume=volume).order_by("-hour")[: 24 * 30]
     series = [
         {"hour": int(u.hour.timestamp()), "bytes": u.total_bytes, "files": u.file_count}
         for u in reversed(usage)
     ]
-    return render(
-        request,
-        "dashboard/volume.html",
-        {
-            "volume": volume,
-            "files": files.get_page(request.GET.get("page")),
-            "usage_json": json.dumps(series),
-            "form": ConfirmNameForm(),
-        },
-    )
+    context = {
+        "volume": volume,
+        "files": files.get_page(request.GET.get("page")),
+        "usage_json": json.dumps(series),
+        "form": form,
+    }
+    return render(request, "dashboard/volume.html", context, status=status)
+
+
+@workspace_view
+def volume_detail(request, volume_id: str):
+    return _volume_page(request, _volume(request, volume_id), ConfirmNameForm())
 
 
 @require_POST
@@ -52,14 +52,11 @@ def volume_detail(request, volume_id: str):
 def volume_delete(request, volume_id: str):
     volume = _volume(request, volume_id)
     form = ConfirmNameForm(request.POST)
-    confirm = request.POST.get("confirm", "")
     try:
-        services.delete_volume(volume=volume, confirm=confirm)
+        services.delete_volume(volume=volume, confirm=request.POST.get("confirm", ""))
     except VeriError:
         form.add_error("confirm", f"That is not {volume.name!r}: nothing was deleted.")
-        files = Paginator(selectors.list_files(volume=volume).order_by("path"), PAGE)
-        context = {"volume": volume, "files": files.get_page(1), "usage_json": "[]", "form": form}
-        return render(request, "dashboard/volume.html", context, status=400)
+        return _volume_page(request, volume, form, status=400)
     messages.success(request, f"Deleted volume {volume.name}; its files go within a minute.")
     return redirect("dashboard:volumes")
 
