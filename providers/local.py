@@ -16,7 +16,7 @@ from providers.catalog import local_provider
 from providers.models import Instance
 from veri.health import deployment_id
 
-HOST_SCRIPT = Path(__file__).with_name("local_host.py")
+HOST_SCRIPT = Path(__file__).resolve().with_name("local_host.py")
 
 
 CONTROL_PLANE_ENV = (
@@ -133,7 +133,13 @@ class LocalProvider(ProviderAdapter):
         if spec.gpu_type == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         host = subprocess.Popen(
-            [sys.executable, str(HOST_SCRIPT), str(folder / "worker.log"), "--", *command],
+            [
+                sys.executable,
+                str(HOST_SCRIPT),
+                str(folder.resolve() / "worker.log"),
+                "--",
+                *command,
+            ],
             env=env,
             cwd=folder,  # its own folder: relative paths in customer code reach nothing else
             start_new_session=True,
@@ -155,6 +161,26 @@ class LocalProvider(ProviderAdapter):
             os.waitpid(pid, 0)  # reap it when this process launched it, so no zombie is left
         except (ProcessLookupError, ChildProcessError):
             pass
+
+    def tagged_instances(self) -> dict[str, str]:
+        """The host processes running under this deployment's instances folder, each with the
+        job whose folder it runs in: what this "provider" knows of its machines, so a launch
+        whose task died after starting one is found, and an orphan swept."""
+        root = Path(settings.VERI_LOCAL_INSTANCES_DIR).resolve()
+        found = {}
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if len(argv) < 3 or os.fsdecode(argv[1]) != str(HOST_SCRIPT):
+                continue
+            log = Path(os.fsdecode(argv[2]))
+            if log.parent.parent == root and (started := _start_time(int(proc.name))):
+                found[f"{proc.name}:{started}"] = log.parent.name
+        return found
 
     @staticmethod
     def _alive(instance_id: str) -> bool:

@@ -102,11 +102,21 @@ class TrainingJob(models.Model):
     cost_micros = models.PositiveBigIntegerField(null=True, blank=True)
     cost_attributed_at = models.DateTimeField(null=True, blank=True)
     billing_deducted_at = models.DateTimeField(null=True, blank=True)
+    # The settle task's last step done (money included): until then the watchdog re-queues it.
+    settled_at = models.DateTimeField(null=True, blank=True)
     log_archived_at = models.DateTimeField(null=True, blank=True)
     log_archived_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["workspace", "-id"])]
+        indexes = [
+            models.Index(fields=["workspace", "-id"]),
+            # The watchdog's look for ended jobs whose settle task was lost: a handful of rows.
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(finished_at__isnull=False, settled_at__isnull=True),
+                name="training_job_unsettled",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.public_id
@@ -232,6 +242,7 @@ class WatchdogState(models.Model):
     last_tick_at = models.DateTimeField(null=True)
     last_archive_at = models.DateTimeField(null=True)
     last_sweep_at = models.DateTimeField(null=True)  # providers' orphaned machines
+    last_resettle_at = models.DateTimeField(null=True)  # ended jobs whose settle task was lost
 
     def __str__(self) -> str:
         return f"watchdog run {self.run or '-'} at {self.last_tick_at}"

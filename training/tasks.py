@@ -13,7 +13,6 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from billing import services as billing
 from providers import catalog
 from providers import services as provider_services
 from providers.services import get_adapter
@@ -30,13 +29,9 @@ def provision_job(*, job_id: int) -> str:
 
 
 def settle_job(*, job_id: int) -> None:
-    """A job reached a terminal state: terminate, attribute cost, archive the log, charge it and
-    credit or queue its refund; then give a freed local slot to the next queued job. Each step
-    is idempotent, so a rerun (or a concurrent twin) changes nothing."""
-    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
-    if job.is_terminal:
-        jobs.settle_job(job=job)
-        billing.settle_job_money(job_id=job.pk)
+    """Settle an ended job (see `jobs.settle_job`), then give a freed slot to the next queued
+    job."""
+    if jobs.settle_job(job_id=job_id):
         _enqueue_waiting()
 
 
@@ -83,6 +78,9 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
     failed: dict[str, int] = defaultdict(int)
     still_active = []
     for job in active:
+        if provisioning.launch_stalled(job, now=now):
+            provisioning.recover_stalled_launch(job=job)
+            continue
         if _obtained(job, states):
             with contextlib.suppress(jobs.InvalidTransition):  # it moved on meanwhile
                 jobs.machine_obtained(job=job)
@@ -199,6 +197,17 @@ def archive_running_logs() -> int:
     return written
 
 
+def requeue_unsettled(*, now: datetime) -> int:
+    """Ended jobs whose settle task was lost (its task worker killed, the broker restarted
+    empty) are settled again; settling is idempotent, so one still running loses nothing."""
+    ended_before = now - timedelta(seconds=settings.VERI_SETTLE_RETRY_SECONDS)
+    unsettled = TrainingJob.objects.filter(finished_at__lte=ended_before, settled_at__isnull=True)
+    job_ids = list(unsettled.order_by("finished_at").values_list("pk", flat=True)[:100])
+    for job_id in job_ids:
+        async_task("training.tasks.settle_job", job_id=job_id)
+    return len(job_ids)
+
+
 def watch_jobs() -> str:
     """The minute schedule: hand queued jobs their launch, and start the watchdog's tick chain
     when no tick ran lately (the first start, or a link lost with a killed task worker)."""
@@ -251,6 +260,8 @@ def watch_tick(*, run: str, due: float) -> str:
             archive_running_logs()
         if _claim_due("last_sweep_at", settings.VERI_SWEEP_SECONDS, now):
             provider_services.sweep_orphans()
+        if _claim_due("last_resettle_at", settings.VERI_SETTLE_RETRY_SECONDS, now):
+            requeue_unsettled(now=now)
     finally:
         _next_tick(run=run, due=time.time() + period)
     return "ticked"

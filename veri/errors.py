@@ -1,6 +1,7 @@
 """The one `/v1` error format: `{"error": {"code", "message", "field", ...}}`."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
@@ -45,6 +46,24 @@ class Forbidden(VeriError):
     status, code = 403, "forbidden"
 
 
+class DatabaseUnavailable(VeriError):
+    """The database dropped or refused the connection: nothing was done that the client can
+    see, and the same request can be sent again (the SDK does, after `Retry-After`)."""
+
+    status, code = 503, "database_unavailable"
+    retry_after_seconds = 2
+
+    def __init__(self):
+        super().__init__(
+            "The database is unreachable for a moment; nothing was changed. Retry the request."
+        )
+
+    def as_response(self) -> JsonResponse:
+        response = JsonResponse(self.as_body(), status=self.status)
+        response["Retry-After"] = str(self.retry_after_seconds)
+        return response
+
+
 def first_error(detail, path: str = "") -> tuple[str | None, str]:
     """The first (field path, message) in DRF's nested error detail, e.g. `files.3.path`."""
     if isinstance(detail, dict):
@@ -74,6 +93,8 @@ def exception_handler(exc, context):
         exc = VeriError(f"{label}{message}", field=field)
     if isinstance(exc, exceptions.ParseError):
         exc = VeriError(str(exc.detail), code="parse_error")
+    if isinstance(exc, OperationalError | InterfaceError):
+        return DatabaseUnavailable().as_response()
     if isinstance(exc, VeriError):
         return Response(exc.as_body(), status=exc.status)
     response = drf_exception_handler(exc, context)  # 401/405/415/429, keeps Retry-After

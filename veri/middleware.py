@@ -2,9 +2,10 @@
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
 
-from veri.errors import TooLarge, VeriError
+from veri.errors import DatabaseUnavailable, TooLarge, VeriError
 
 # Signed local-store URLs carry file bytes of any size (they are streamed to disk, not parsed).
 UNLIMITED_PREFIXES = ("/v1/store/",)
@@ -22,7 +23,7 @@ def _too_large(limit: int) -> JsonResponse:
 class ApiGuardMiddleware:
     """A body over the limit is 413 `request_too_large` before a byte of it is read; a NUL in the
     path or query is 400 (no database column can hold one); errors Django raises while reading a
-    body (too big, too many fields) are JSON, not an HTML page."""
+    body (too big, too many fields) and a lost database are JSON, not an HTML page."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -52,6 +53,8 @@ class ApiGuardMiddleware:
             return None
         if isinstance(exception, RequestDataTooBig):
             return _too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        if isinstance(exception, OperationalError | InterfaceError):  # outside DRF's views
+            return DatabaseUnavailable().as_response()
         if isinstance(exception, SuspiciousOperation):
             error = VeriError(f"The request was refused: {exception}", code="invalid_request")
             return JsonResponse(error.as_body(), status=400)

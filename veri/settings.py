@@ -233,6 +233,11 @@ VERI_LOCAL_HF_CACHE = (
 VERI_LOCAL_WORKER_COMMAND = (
     env("VERI_LOCAL_WORKER_COMMAND") or f"{sys.executable} -m worker"
 ).split()
+# A launch that has not recorded its machine by then is taken for dead (its task worker killed):
+# the machine is adopted if the provider has one tagged with the job, else the launch is retried.
+VERI_LAUNCH_STALL_SECONDS = int(env("VERI_LAUNCH_STALL_SECONDS", "120"))
+# An ended job not settled (charged, refunded) this long after it ended is settled again.
+VERI_SETTLE_RETRY_SECONDS = int(env("VERI_SETTLE_RETRY_SECONDS", "60"))
 VERI_PROVISIONING_TIMEOUT_SECONDS = int(env("VERI_PROVISIONING_TIMEOUT_SECONDS", "900"))
 # A local worker that has not registered by then cannot reach VERI_PUBLIC_URL (it retries ~2 min).
 VERI_LOCAL_REGISTER_TIMEOUT_SECONDS = int(env("VERI_LOCAL_REGISTER_TIMEOUT_SECONDS", "150"))

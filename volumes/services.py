@@ -10,11 +10,11 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from providers.catalog import available_region_codes, default_region
 from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
+from veri.queue import enqueue_on_commit
 from volumes.models import StoreDeletion, Upload, Volume, VolumeFile
 from volumes.stores import StoreError, keys, store_for
 
@@ -88,7 +88,7 @@ def delete_volume(*, volume: Volume, confirm: str | None = None, force: bool = F
         prefix=volume.store_prefix, reason=f"volume {volume.public_id} ({volume.name}) deleted"
     )
     volume.delete()
-    transaction.on_commit(lambda: async_task("volumes.tasks.reconcile_deleted_volumes"))
+    enqueue_on_commit("volumes.tasks.reconcile_deleted_volumes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,7 +178,7 @@ def test_a_running_job_is_charged_for_its_instance_time(submit, cloud):
     tasks.provision_job(job_id=job.pk)
     Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=2))
     drive(job, S.CONFIGURING, S.RUNNING, S.COMPLETED)
-    jobs.settle_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
+    jobs.close_out_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
     job.refresh_from_db()
     assert 2 * 805_000 <= job.cost_micros < 2 * 805_000 + 1000  # 2 h of one L4
     assert cloud.terminated == ["i-0001"]
@@ -219,7 +219,7 @@ def test_provisioning_timeout_and_error(submit, cloud, settings):
     assert run_watchdog(now=later) == {"provisioning_timeout": 1, "provisioning_error": 1}
     assert_failed(slow, "provisioning_timeout")
     assert_failed(gone, "provisioning_error")
-    jobs.settle_job(job=TrainingJob.objects.select_related("workspace").get(pk=slow.pk))
+    jobs.close_out_job(job=TrainingJob.objects.select_related("workspace").get(pk=slow.pk))
     assert "i-0001" in cloud.terminated
 
 

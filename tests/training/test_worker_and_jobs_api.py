@@ -145,7 +145,7 @@ def test_full_log_is_the_concatenation_and_survives_the_job(api_client, launched
         {"ok": False, "error_code": "training_error", "message": "boom"},
         format="json",
     )
-    jobs.settle_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
+    jobs.close_out_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
     assert get_store().get_bytes(job.log_key).decode() == expected
     assert (
         api_client.get(f"/v1/training_jobs/{job.public_id}/logs/full").content.decode() == expected

@@ -5,7 +5,6 @@ from decimal import Decimal
 
 from django.db import transaction
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from billing import services as billing
 from billing.models import BillingAccount
@@ -17,6 +16,7 @@ from training.models import TERMINAL, Checkpoint, Dataset, JobEvent, JobStatus, 
 from training.services import logs
 from veri.errors import Conflict, NotFound, PaymentRequired, VeriError
 from veri.models import Workspace
+from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
 from volumes.models import Volume, VolumeFile
 from volumes.services import validate_path, validate_volume_name
@@ -77,7 +77,7 @@ def transition_job(
     job.save()
     JobEvent.objects.create(job=job, type=to, detail=event)
     if to in TERMINAL:
-        transaction.on_commit(lambda: async_task("training.tasks.settle_job", job_id=job.pk))
+        enqueue_on_commit("training.tasks.settle_job", job_id=job.pk)
     return job
 
 
@@ -113,6 +113,20 @@ def terminate_instance(*, job: TrainingJob) -> None:
     )
 
 
+def settle_job(*, job_id: int) -> bool:
+    """A job reached a terminal state: close it out (machine, cost, log), charge it, credit or
+    queue its refund, then stamp `settled_at`. Every step is idempotent, so a rerun (a settle task
+    lost with a killed task worker and re-queued by the watchdog) or a concurrent twin changes
+    nothing; until the stamp is there the watchdog re-queues it."""
+    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
+    if not job.is_terminal:
+        return False
+    close_out_job(job=job)
+    billing.settle_job_money(job_id=job.pk)
+    TrainingJob.objects.filter(pk=job.pk, settled_at__isnull=True).update(settled_at=timezone.now())
+    return True
+
+
 def accrued_micros(instance: Instance, *, at) -> int:
     """Per second from the launch to `at` (the termination, or now), at the instance's price."""
     if not instance.launched_at:
@@ -121,7 +135,7 @@ def accrued_micros(instance: Instance, *, at) -> int:
     return int(instance.price_per_hour_micros * seconds / 3600)
 
 
-def settle_job(*, job: TrainingJob) -> None:
+def close_out_job(*, job: TrainingJob) -> None:
     """For a finished job: terminate its instance, attribute its cost, archive its full log.
     Safe to repeat; each step checks whether it is already done."""
     terminate_instance(job=job)
@@ -457,7 +471,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             type=S.QUEUED,
             detail={"provider": plan.provider, "region": plan.region, "gpu_type": sub.gpu_type},
         )
-        transaction.on_commit(lambda: async_task("training.tasks.provision_job", job_id=job.pk))
+        enqueue_on_commit("training.tasks.provision_job", job_id=job.pk)
     return job
 
 
@@ -469,8 +483,7 @@ def cancel_job(*, job: TrainingJob) -> TrainingJob:
     if job.is_terminal:
         raise Conflict(f"Job {job.public_id} already {job.status}.", code="job_finished")
     job = transition_job(job_id=job.pk, to=S.CANCELLED, detail={"by": "customer"})
-    settle_job(job=job)
-    billing.settle_job_money(job_id=job.pk)
+    settle_job(job_id=job.pk)
     job.refresh_from_db()
     return job
 

@@ -20,8 +20,10 @@ from providers.services import get_adapter, reserve_instance, usable_providers
 from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
 from training.services import jobs
 from training.services.worker import mint_job_token
+from veri.queue import enqueue_on_commit
 
 S = JobStatus
+MAX_LAUNCH_RETRIES = 3
 
 
 def _alternative(job: TrainingJob, refused: str) -> str:
@@ -100,7 +102,8 @@ def launch_job(*, job_id: int) -> str:
         if adapter.waits_for_capacity:
             # The provider finds the machine later: the job stays queued and unbilled until the
             # watchdog (or the worker registering) sees it obtained.
-            Instance.objects.filter(pk=instance.pk).update(external_id=external_id)
+            if not Instance.objects.filter(pk=instance.pk).update(external_id=external_id):
+                return _superseded(adapter, external_id)
             LaunchAttempt.objects.create(
                 job=job, provider=job.provider, zone=zone, outcome="requested"
             )
@@ -110,9 +113,10 @@ def launch_job(*, job_id: int) -> str:
             if TrainingJob.objects.filter(pk=job.pk, status__in=TERMINAL).exists():
                 return _ended_while_launching(adapter, instance, external_id)
             return "requested: the provider is finding the machine"
-        Instance.objects.filter(pk=instance.pk).update(
+        if not Instance.objects.filter(pk=instance.pk).update(
             external_id=external_id, launched_at=timezone.now()
-        )
+        ):
+            return _superseded(adapter, external_id)
         LaunchAttempt.objects.create(job=job, provider=job.provider, zone=zone, outcome="launched")
         try:
             jobs.transition_job(
@@ -141,3 +145,72 @@ def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str
         terminated_at=timezone.now()
     )
     return "launched, but the job had already ended: terminated"
+
+
+def _superseded(adapter, external_id: str) -> str:
+    """This launch took so long that the watchdog took it for dead and released its reservation
+    (see `recover_stalled_launch`): the machine it got is not the job's."""
+    adapter.terminate(external_id)
+    return "superseded: the launch was retried elsewhere; its machine was terminated"
+
+
+def launch_stalled(job: TrainingJob, *, now) -> bool:
+    """A launch claimed `VERI_LAUNCH_STALL_SECONDS` ago that never recorded its machine: the
+    task running it died (a task worker killed, a broker restarted)."""
+    if not job.launch_claimed_at:
+        return False
+    if (now - job.launch_claimed_at).total_seconds() <= settings.VERI_LAUNCH_STALL_SECONDS:
+        return False
+    instance = getattr(job, "instance", None)
+    return instance is None or not instance.external_id
+
+
+def recover_stalled_launch(*, job: TrainingJob) -> str:
+    """Adopt the machine the provider has tagged with this job, if the dead launch got that far;
+    else release the reservation and claim so that the launch runs again. Never a second
+    machine: a launch still running when released finds its reservation gone and terminates
+    what it got, and the sweeper terminates a tagged machine that is not the job's."""
+    adapter = get_adapter(job.provider)
+    mine = sorted(i for i, owner in adapter.tagged_instances().items() if owner == job.public_id)
+    instance = Instance.objects.filter(job=job, external_id="").first()
+    if mine and instance:
+        keep, *extra = mine
+        for external_id in extra:
+            adapter.terminate(external_id)
+        Instance.objects.filter(pk=instance.pk).update(
+            external_id=keep, launched_at=instance.launched_at or timezone.now()
+        )
+        LaunchAttempt.objects.create(
+            job=job, provider=job.provider, zone=instance.zone, outcome="launched"
+        )
+        JobEvent.objects.create(job=job, type="launch_recovered", detail={"instance": keep})
+        if job.status == S.QUEUED and not adapter.waits_for_capacity:
+            try:
+                jobs.transition_job(
+                    job_id=job.pk, to=S.PROVISIONING, detail={"instance": keep, "adopted": True}
+                )
+            except jobs.InvalidTransition:
+                return _ended_while_launching(adapter, instance, keep)
+        return "adopted"
+    if job.status != S.QUEUED:
+        return "running without a recorded machine: left to its heartbeat deadline"
+    retries = JobEvent.objects.filter(job=job, type="launch_retried").count()
+    if retries >= MAX_LAUNCH_RETRIES:
+        jobs.fail_job(
+            job_id=job.pk,
+            code="launch_timeout",
+            message=(
+                f"The {job.provider} launch was interrupted {retries + 1} times and was stopped. "
+                "Not billed. Retry later."
+            ),
+        )
+        return "launch_timeout"
+    Instance.objects.filter(job=job, external_id="").delete()
+    released = TrainingJob.objects.filter(
+        pk=job.pk, status=S.QUEUED, launch_claimed_at=job.launch_claimed_at
+    ).update(launch_claimed_at=None)
+    if not released:
+        return "moved on meanwhile"
+    JobEvent.objects.create(job=job, type="launch_retried", detail={"after": "a stalled launch"})
+    enqueue_on_commit("training.tasks.provision_job", job_id=job.pk)
+    return "released: launching again"
