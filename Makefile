@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test lint format
+.PHONY: install demo test serve-prod-like lint format
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: install
 
 test: install
 	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# PostgreSQL, Redis, moto as the S3 store, gunicorn and two qclusters; Ctrl-C stops them.
+serve-prod-like: install
+	VENV=$(VENV) scripts/with-services.sh $(PY) scripts/prod_like.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a command with a throwaway PostgreSQL cluster and an S3 API server (moto) on loopback,
-# then stop both. Exports DATABASE_URL and VERI_TEST_S3_URL to the command. Installs PostgreSQL
-# and Chromium (for the browser tests) from Debian's packages when they are missing.
+# then stop both. Exports DATABASE_URL and VERI_TEST_S3_URL to the command. Installs PostgreSQL,
+# Redis (the production topology starts its own) and Chromium (for the browser tests) from
+# Debian's packages when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -13,6 +14,11 @@ if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
   echo "Installing PostgreSQL (apt-get)…" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
   pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+fi
+
+if ! command -v redis-server >/dev/null; then  # the production topology's task broker
+  echo "Installing Redis (apt-get)…" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
 
 if [ ! -x /usr/bin/chromium ]; then  # the browser tests drive Debian's Chromium with Playwright

@@ -95,6 +95,20 @@ def store_kind(request, settings) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny causal LM made here (no model hub), for real training."""
+    out = tmp_path_factory.mktemp("tiny-model")
+    subprocess.run(
+        [sys.executable, "-m", "worker.tinymodel", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    return out
+
+
 @pytest.fixture
 def workspace(db):
     workspace, _ = veri_services.create_workspace(name="acme")

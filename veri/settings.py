@@ -88,7 +88,15 @@ TEMPLATES = [
 
 DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
 try:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL,
+            # Seconds a web or task process keeps its connection (0: one per request); a kept one
+            # is checked before each request, so a restarted database costs no failed request.
+            conn_max_age=int(env("VERI_DB_CONN_MAX_AGE", "0")),
+            conn_health_checks=True,
+        )
+    }
 except ValueError as exc:  # an unknown scheme
     raise ImproperlyConfigured(f"DATABASE_URL {DATABASE_URL!r}: {exc}") from None
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -145,9 +153,12 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# The task broker: the database by default, Redis when VERI_REDIS_URL is set (production: several
+# qcluster processes share its queue). Work the broker loses is re-queued from the database.
+VERI_REDIS_URL = env("VERI_REDIS_URL")
 Q_CLUSTER = {
     "name": "veri",
-    "orm": "default",
+    **({"redis": VERI_REDIS_URL} if VERI_REDIS_URL else {"orm": "default"}),
     "workers": int(env("VERI_Q_WORKERS", "3")),  # one is taken by the watchdog loop
     "timeout": 600,
     "retry": 720,  # must exceed timeout, or a long task is handed out twice

@@ -43,19 +43,6 @@ FAST_LORA = {
 }
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-model")
-    subprocess.run(
-        [sys.executable, "-m", "worker.tinymodel", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    return out
-
-
 @pytest.fixture
 def platform(
     api_client, workspace, live_server, qcluster, settings, tmp_path, local_store_url, tiny_model
