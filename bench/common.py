@@ -1,6 +1,5 @@
 """What the benchmarks share: ports, waiting for a server, timing, a moto S3 server."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -10,14 +9,10 @@ import boto3
 import httpx
 from botocore.config import Config
 
+from scripts.prod_like import free_port  # noqa: F401 - the benchmarks' one way to get a port
+
 BIN = Path(sys.executable).parent
 MANAGE = [sys.executable, str(Path(__file__).resolve().parent.parent / "manage.py")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, seconds: float = 30) -> None:
@@ -61,10 +56,16 @@ def s3_client(endpoint_url: str):
     )
 
 
-def new_workspace(env: dict) -> str:
-    """Migrate the database `env` names, create a workspace; returns its API key."""
-    subprocess.run([*MANAGE, "migrate", "-v0"], env=env, check=True)
+def new_workspace(env: dict, name: str = "bench", *options: str, migrate: bool = True) -> str:
+    """Create a workspace (`options`: create_workspace's, e.g. --credit 100) in the database `env`
+    names, migrated first unless `migrate` is False; returns its API key."""
+    if migrate:
+        subprocess.run([*MANAGE, "migrate", "-v0"], env=env, check=True)
     created = subprocess.run(
-        [*MANAGE, "create_workspace", "bench"], env=env, check=True, capture_output=True, text=True
+        [*MANAGE, "create_workspace", name, *options],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return created.stdout.strip().splitlines()[-1]

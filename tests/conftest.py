@@ -1,5 +1,4 @@
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from rest_framework.test import APIClient
 
 from billing.services import open_billing_account
 from providers.services import get_adapter
+from scripts.prod_like import free_port
 from tests.stripe_fake import SECRET as STRIPE_SECRET
 from tests.stripe_fake import FakeStripe
 from veri import services as veri_services
@@ -26,12 +26,6 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

@@ -94,6 +94,8 @@ class TrainingJob(models.Model):
 
     created_at = models.DateTimeField(auto_now_add=True)
     launch_claimed_at = models.DateTimeField(null=True, blank=True)  # a provision task has it
+    # Renewed by that task while the provider call runs: a slow launch is told from a dead one.
+    launch_heartbeat_at = models.DateTimeField(null=True, blank=True)
     provisioning_at = models.DateTimeField(null=True, blank=True)
     configuring_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)  # reached running

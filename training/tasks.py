@@ -78,14 +78,14 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
     failed: dict[str, int] = defaultdict(int)
     still_active = []
     for job in active:
-        if provisioning.launch_stalled(job, now=now):
-            provisioning.recover_stalled_launch(job=job)
-            continue
         if _obtained(job, states):
             with contextlib.suppress(jobs.InvalidTransition):  # it moved on meanwhile
                 jobs.machine_obtained(job=job)
             continue
         verdict = _verdict(job, states, now)
+        if not verdict and provisioning.launch_stalled(job, now=now):
+            provisioning.recover_stalled_launch(job=job)
+            continue
         if not verdict:
             still_active.append(job)
             continue

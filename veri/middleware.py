@@ -2,7 +2,7 @@
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, JsonResponse
 
 from veri.errors import DatabaseUnavailable, TooLarge, VeriError
@@ -59,3 +59,27 @@ class ApiGuardMiddleware:
             error = VeriError(f"The request was refused: {exception}", code="invalid_request")
             return JsonResponse(error.as_body(), status=400)
         return None
+
+
+class QueryCountMiddleware:
+    """With VERI_QUERY_COUNT_HEADER on, each response says how many database queries it took
+    (`Veri-Db-Queries`): what bench/control_plane.py reports per endpoint, and a quick look for
+    an operator at a request that grows with the data."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest):
+        if not settings.VERI_QUERY_COUNT_HEADER:
+            return self.get_response(request)
+        count = 0
+
+        def counted(execute, sql, params, many, context):
+            nonlocal count
+            count += 1
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(counted):
+            response = self.get_response(request)
+        response["Veri-Db-Queries"] = str(count)
+        return response

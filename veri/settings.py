@@ -57,6 +57,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "veri.middleware.QueryCountMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -189,6 +190,7 @@ VERI_STALE_UPLOAD_SECONDS = int(env("VERI_STALE_UPLOAD_SECONDS", str(24 * 3600))
 # A JSON body's limit (a 500-file upload batch is ~0.5 MB, a worker's log batch at most ~1 MB).
 VERI_MAX_JSON_BYTES = int(env("VERI_MAX_JSON_BYTES", str(4 * 1024**2)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = VERI_MAX_JSON_BYTES
+VERI_QUERY_COUNT_HEADER = env_bool("VERI_QUERY_COUNT_HEADER")  # Veri-Db-Queries on responses
 VERI_IDEMPOTENCY_WAIT_SECONDS = float(env("VERI_IDEMPOTENCY_WAIT_SECONDS", "10"))
 VERI_IDEMPOTENCY_STALE_SECONDS = int(env("VERI_IDEMPOTENCY_STALE_SECONDS", "600"))
 

@@ -17,7 +17,7 @@ from tests.billing.test_ledger import failed_after_an_hour
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
 from tests.dashboard.conftest import PASSWORD, member_of
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real cluster
-from tests.e2e.test_training import GRPO_ROWS, TINY, platform, tiny_model  # noqa: F401
+from tests.e2e.test_training import GRPO_ROWS, TINY, platform  # noqa: F401
 from tests.e2e.test_training import submit as submit_through_api
 from training.models import TrainingJob
 from veri import services

@@ -17,6 +17,8 @@ class FakeCloud(ProviderAdapter):
         self.outcomes: dict[str, Exception] = {}  # zone -> what launch raises there
         self.launch_delay = 0.0
         self.on_launch = None  # called as a launch starts, e.g. to run a watchdog meanwhile
+        self.after_launch = None  # called once the machine exists, e.g. to kill the task there
+        self.tags: dict[str, str] = {}  # instance id -> the job id it was tagged with
         self.launched: list[LaunchSpec] = []
         self.terminated: list[str] = []
         self.states_by_id: dict[str, InstanceState] = {}
@@ -36,7 +38,13 @@ class FakeCloud(ProviderAdapter):
             self.launched.append(spec)
             instance_id = f"i-{len(self.launched):04d}"
         self.states_by_id[instance_id] = InstanceState(alive=True)
+        self.tags[instance_id] = spec.job_id
+        if self.after_launch:
+            self.after_launch()
         return instance_id
+
+    def tagged_instances(self) -> dict[str, str]:
+        return {i: job for i, job in self.tags.items() if self.states_by_id[i].alive}
 
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         self.state_calls += 1

@@ -1,6 +1,7 @@
 """The state machine, provisioning and the watchdog, with the provider faked at its boundary."""
 
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -10,13 +11,14 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from billing.models import LedgerEntry
 from providers.base import CapacityError, FundsError, InstanceState, QuotaError
 from providers.models import Instance, LaunchAttempt
 from tests.conftest import in_threads, postgres_only
 from tests.training.conftest import drive
 from training import errors, tasks
 from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
-from training.services import jobs
+from training.services import jobs, provisioning
 
 pytestmark = pytest.mark.django_db
 S = JobStatus
@@ -301,3 +303,96 @@ def test_watchdog_query_count_does_not_grow_with_jobs(submit, cloud):
         assert run_watchdog() == {}
     assert len(many) == len(few) <= 3
     assert cloud.state_calls - calls_before == 1  # one provider call for all twelve instances
+
+
+class TaskKilled(BaseException):
+    """What a SIGKILLed task worker looks like from inside the task: it never returns."""
+
+
+def stalled(settings) -> datetime:
+    return timezone.now() + timedelta(seconds=settings.VERI_LAUNCH_STALL_SECONDS + 1)
+
+
+def test_a_launch_whose_task_died_after_the_provider_call_adopts_that_machine(
+    submit, cloud, settings
+):
+    job = submit()
+    cloud.after_launch = lambda: (_ for _ in ()).throw(TaskKilled())
+    with pytest.raises(TaskKilled):
+        tasks.provision_job(job_id=job.pk)
+    assert Instance.objects.get(job=job).external_id == ""  # the id was never recorded
+    cloud.after_launch = None
+
+    run_watchdog(now=stalled(settings))
+    job.refresh_from_db()
+    assert job.status == S.PROVISIONING
+    assert Instance.objects.get(job=job).external_id == "i-0001"
+    assert len(cloud.launched) == 1 and cloud.terminated == []
+    assert LaunchAttempt.objects.filter(job=job, outcome="launched").count() == 1
+    assert "launch_recovered" in events(job)
+
+
+def test_a_launch_whose_task_died_before_the_provider_call_runs_again_a_few_times(
+    submit, cloud, settings
+):
+    job = submit()
+
+    def killed():
+        raise TaskKilled
+
+    cloud.on_launch = killed
+    for _ in range(provisioning.MAX_LAUNCH_RETRIES):
+        with pytest.raises(TaskKilled):
+            tasks.provision_job(job_id=job.pk)
+        run_watchdog(now=stalled(settings))
+        job.refresh_from_db()
+        assert (job.status, job.launch_claimed_at) == (S.QUEUED, None)  # released, queued again
+        assert not Instance.objects.filter(job=job).exists()
+    cloud.on_launch = None
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    assert len(cloud.launched) == 1
+    assert events(job).count("launch_retried") == provisioning.MAX_LAUNCH_RETRIES
+
+    again = submit()
+    cloud.on_launch = killed
+    for _ in range(provisioning.MAX_LAUNCH_RETRIES + 1):
+        with pytest.raises(TaskKilled):
+            tasks.provision_job(job_id=again.pk)
+        run_watchdog(now=stalled(settings))
+    assert_failed(again, "launch_timeout")
+    assert "interrupted 4 times" in TrainingJob.objects.get(pk=again.pk).error_message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_launch_renews_its_lease_and_is_not_taken_for_dead(submit, cloud, settings):
+    settings.VERI_LAUNCH_STALL_SECONDS = 1
+    job = submit()
+    seen = []
+
+    def slow_provider():
+        time.sleep(2.5)  # longer than the stall limit; the task is alive throughout
+        seen.append(run_watchdog())
+
+    cloud.on_launch = slow_provider
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    assert seen == [{}]
+    assert "launch_retried" not in events(job)
+    assert len(cloud.launched) == 1 and cloud.terminated == []
+
+
+def test_an_ended_job_whose_settle_task_was_lost_is_settled_again_and_charged_once(
+    submit, cloud, settings
+):
+    job = submit()
+    tasks.provision_job(job_id=job.pk)
+    drive(job, S.CONFIGURING, S.RUNNING, S.COMPLETED)  # its settle task is never run: lost
+    job.refresh_from_db()
+    later = job.finished_at + timedelta(seconds=settings.VERI_SETTLE_RETRY_SECONDS + 1)
+    assert tasks.requeue_unsettled(now=job.finished_at) == 0  # not yet: it may still be running
+    assert tasks.requeue_unsettled(now=later) == 1
+    tasks.settle_job(job_id=job.pk)
+    tasks.settle_job(job_id=job.pk)  # the original task, late, and the re-queued one
+    job.refresh_from_db()
+    assert job.settled_at is not None
+    assert LedgerEntry.objects.filter(job=job, kind="job_charge").count() == 1
+    assert tasks.requeue_unsettled(now=later) == 0

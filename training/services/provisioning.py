@@ -2,7 +2,11 @@
 the catalog's codes with the message a customer reads; a provider that fulfils requests later
 (Flex-start) leaves the job queued until the machine is there."""
 
+import contextlib
+import threading
+
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from providers import catalog
@@ -66,7 +70,8 @@ def launch_job(*, job_id: int) -> str:
             env={"VERI_JOB_TOKEN": token, "VERI_API_URL": settings.VERI_PUBLIC_URL},
         )
         try:
-            external_id = adapter.launch(launch)
+            with _launch_lease(job.pk):
+                external_id = adapter.launch(launch)
         except ControlPlaneUnreachable as exc:
             instance.delete()
             jobs.fail_job(job_id=job.pk, code="provisioning_error", message=str(exc))
@@ -147,6 +152,28 @@ def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str
     return "launched, but the job had already ended: terminated"
 
 
+@contextlib.contextmanager
+def _launch_lease(job_id: int):
+    """Renews `launch_heartbeat_at` while the provider call runs, so that the watchdog takes only
+    a launch whose task died for stalled, never a slow one."""
+    done = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not done.wait(settings.VERI_LAUNCH_STALL_SECONDS / 3):
+                TrainingJob.objects.filter(pk=job_id).update(launch_heartbeat_at=timezone.now())
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=renew, name=f"launch-lease-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def _superseded(adapter, external_id: str) -> str:
     """This launch took so long that the watchdog took it for dead and released its reservation
     (see `recover_stalled_launch`): the machine it got is not the job's."""
@@ -155,11 +182,13 @@ def _superseded(adapter, external_id: str) -> str:
 
 
 def launch_stalled(job: TrainingJob, *, now) -> bool:
-    """A launch claimed `VERI_LAUNCH_STALL_SECONDS` ago that never recorded its machine: the
-    task running it died (a task worker killed, a broker restarted)."""
+    """A launch that never recorded its machine and whose task has given no sign of life (the
+    claim, the lease renewed during the provider call) for `VERI_LAUNCH_STALL_SECONDS`: the task
+    died (a task worker killed, a broker restarted)."""
     if not job.launch_claimed_at:
         return False
-    if (now - job.launch_claimed_at).total_seconds() <= settings.VERI_LAUNCH_STALL_SECONDS:
+    last_sign = max(filter(None, (job.launch_claimed_at, job.launch_heartbeat_at)))
+    if (now - last_sign).total_seconds() <= settings.VERI_LAUNCH_STALL_SECONDS:
         return False
     instance = getattr(job, "instance", None)
     return instance is None or not instance.external_id
@@ -168,8 +197,9 @@ def launch_stalled(job: TrainingJob, *, now) -> bool:
 def recover_stalled_launch(*, job: TrainingJob) -> str:
     """Adopt the machine the provider has tagged with this job, if the dead launch got that far;
     else release the reservation and claim so that the launch runs again. Never a second
-    machine: a launch still running when released finds its reservation gone and terminates
-    what it got, and the sweeper terminates a tagged machine that is not the job's."""
+    machine: the lease keeps a slow launch from being taken for dead, a launch released anyway
+    finds its reservation gone and terminates what it got, and the sweeper terminates a tagged
+    machine that is not the job's."""
     adapter = get_adapter(job.provider)
     mine = sorted(i for i, owner in adapter.tagged_instances().items() if owner == job.public_id)
     instance = Instance.objects.filter(job=job, external_id="").first()

@@ -26,6 +26,11 @@ class Migration(migrations.Migration):
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
+            model_name='trainingjob',
+            name='launch_heartbeat_at',
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
             model_name='watchdogstate',
             name='last_resettle_at',
             field=models.DateTimeField(null=True),
