@@ -1,6 +1,6 @@
 """Reads of volumes, always within one workspace: another workspace's volume is simply not found."""
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from veri.errors import NotFound
 from veri.models import Workspace
@@ -13,8 +13,11 @@ def list_volumes(*, workspace: Workspace) -> QuerySet[Volume]:
 
 def get_volume(*, workspace: Workspace, id_or_name: str) -> Volume:
     """By public id, else by name (a name may look like an id, so the id is tried first)."""
-    volumes = list_volumes(workspace=workspace)
-    volume = volumes.filter(public_id=id_or_name).first() or volumes.filter(name=id_or_name).first()
+    found = list(
+        list_volumes(workspace=workspace).filter(Q(public_id=id_or_name) | Q(name=id_or_name))[:2]
+    )
+    by_id = [v for v in found if v.public_id == id_or_name]
+    volume = (by_id or found or [None])[0]
     if volume is None:
         raise NotFound(f"No volume {id_or_name!r} in this workspace.")
     return volume
