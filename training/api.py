@@ -255,31 +255,29 @@ class DatasetView(WorkspaceView):
 
 
 class SubmitIn(serializers.Serializer):
+    """What a submit may say; a field left out takes `Submission`'s default (defined there only)."""
+
     base_model = PlainString()
     dataset_id = serializers.CharField()
     method = serializers.CharField()
-    reward_source = serializers.CharField(
-        required=False, allow_blank=True, trim_whitespace=False, default=""
-    )
-    output_name = serializers.CharField(
-        required=False, allow_blank=True, max_length=200, default=""
-    )
-    hyperparameters = serializers.JSONField(required=False, default=dict)
-    lora = serializers.JSONField(required=False, default=None)
-    gpu_type = serializers.CharField(required=False, default="cpu")
-    gpu_count = serializers.IntegerField(required=False, default=1)
-    provider = serializers.CharField(required=False, allow_null=True, default=None)
-    region = serializers.CharField(required=False, allow_null=True, default=None)
+    reward_source = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    output_name = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    hyperparameters = serializers.JSONField(required=False)
+    lora = serializers.JSONField(required=False)
+    gpu_type = serializers.CharField(required=False)
+    gpu_count = serializers.IntegerField(required=False)
+    provider = serializers.CharField(required=False, allow_null=True)
+    region = serializers.CharField(required=False, allow_null=True)
     volumes = serializers.ListField(
-        child=serializers.CharField(max_length=128), required=False, default=list, max_length=32
+        child=serializers.CharField(max_length=128), required=False, max_length=32
     )
-    resume_from = serializers.CharField(required=False, allow_null=True, default=None)
-    checkpoint_every = serializers.IntegerField(required=False, allow_null=True, default=None)
-    checkpoint_keep = serializers.IntegerField(required=False, default=2)
-    heartbeat_timeout_seconds = serializers.IntegerField(required=False, default=300)
-    max_launch_attempts = serializers.IntegerField(required=False, default=3)
+    resume_from = serializers.CharField(required=False, allow_null=True)
+    checkpoint_every = serializers.IntegerField(required=False, allow_null=True)
+    checkpoint_keep = serializers.IntegerField(required=False)
+    heartbeat_timeout_seconds = serializers.IntegerField(required=False)
+    max_launch_attempts = serializers.IntegerField(required=False)
     max_cost_usd = serializers.DecimalField(
-        max_digits=13, decimal_places=6, required=False, allow_null=True, default=None
+        max_digits=13, decimal_places=6, required=False, allow_null=True
     )
 
 

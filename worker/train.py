@@ -347,7 +347,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
         "gradient_checkpointing": False,
         "save_strategy": "steps" if spec.get("checkpoint_every") else "no",
         "save_steps": spec.get("checkpoint_every") or 500,
-        "save_total_limit": (spec.get("checkpoint_keep") or 2) + 1,
+        "save_total_limit": spec["checkpoint_keep"] + 1,
         "disable_tqdm": True,
     }
     if "max_steps" in hp:
