@@ -207,14 +207,19 @@ def recover_stalled_launch(*, job: TrainingJob) -> str:
         keep, *extra = mine
         for external_id in extra:
             adapter.terminate(external_id)
+        # A machine still being found (Flex-start) is billed once obtained, as in `launch_job`.
+        waiting = adapter.waits_for_capacity
         Instance.objects.filter(pk=instance.pk).update(
-            external_id=keep, launched_at=instance.launched_at or timezone.now()
+            external_id=keep, launched_at=None if waiting else timezone.now()
         )
         LaunchAttempt.objects.create(
-            job=job, provider=job.provider, zone=instance.zone, outcome="launched"
+            job=job,
+            provider=job.provider,
+            zone=instance.zone,
+            outcome="requested" if waiting else "launched",
         )
         JobEvent.objects.create(job=job, type="launch_recovered", detail={"instance": keep})
-        if job.status == S.QUEUED and not adapter.waits_for_capacity:
+        if job.status == S.QUEUED and not waiting:
             try:
                 jobs.transition_job(
                     job_id=job.pk, to=S.PROVISIONING, detail={"instance": keep, "adopted": True}
