@@ -15,19 +15,16 @@ figures are the API's alone.
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from bench.common import new_workspace, s3_client
-from scripts.prod_like import Topology
+from bench.common import new_workspace
+from scripts.prod_like import on_services
 from veri_sdk import Client
 
 ROWS = [
@@ -51,19 +48,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--web-workers", type=int, default=4)
     args = parser.parse_args()
-    database_url, s3 = os.environ.get("DATABASE_URL"), os.environ.get("VERI_TEST_S3_URL")
-    if not (database_url or "").startswith("postgres") or not s3:
-        sys.exit("Run it under scripts/with-services.sh (PostgreSQL and an S3 server).")
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    s3_client(s3).create_bucket(Bucket=bucket)
-    run_dir = Path(tempfile.mkdtemp(prefix="veri-bench-"))
-    topology = Topology(
-        database_url=database_url,
-        store_url=f"s3://{bucket}",
-        s3_endpoint=s3,
-        run_dir=run_dir,
+    topology = on_services(
+        run_dir=Path(tempfile.mkdtemp(prefix="veri-bench-")),
         web_workers=args.web_workers,
-        env={"VERI_QUERY_COUNT_HEADER": "1", "AWS_ACCESS_KEY_ID": "bench"},
+        env={"VERI_QUERY_COUNT_HEADER": "1"},
     )
     topology.migrate()
     keys = [

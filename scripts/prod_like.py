@@ -198,14 +198,12 @@ class Topology:
         self.stop_redis()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--web-workers", type=int, default=3)
-    parser.add_argument("--clusters", type=int, default=2)
-    args = parser.parse_args()
+def on_services(*, run_dir: Path, web_workers: int, env: dict | None = None) -> Topology:
+    """A topology on the PostgreSQL database and S3 server that scripts/with-services.sh started,
+    in a new bucket (what `make serve-prod-like` and bench/control_plane.py run)."""
     database_url, s3 = os.environ.get("DATABASE_URL"), os.environ.get("VERI_TEST_S3_URL")
     if not (database_url or "").startswith("postgres") or not s3:
-        sys.exit("Run it under scripts/with-services.sh (make serve-prod-like).")
+        sys.exit("Run it under scripts/with-services.sh (PostgreSQL and an S3 server).")
     bucket = f"veri-{uuid.uuid4().hex[:8]}"
     boto3.client(
         "s3",
@@ -214,14 +212,23 @@ def main() -> None:
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     ).create_bucket(Bucket=bucket)
-    run_dir = REPO / ".veri" / "prod-like"
-    topology = Topology(
+    return Topology(
         database_url=database_url,
         store_url=f"s3://{bucket}",
         s3_endpoint=s3,
         run_dir=run_dir,
-        web_workers=args.web_workers,
+        web_workers=web_workers,
+        env=env,
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--web-workers", type=int, default=3)
+    parser.add_argument("--clusters", type=int, default=2)
+    args = parser.parse_args()
+    run_dir = REPO / ".veri" / "prod-like"
+    topology = on_services(run_dir=run_dir, web_workers=args.web_workers)
     topology.migrate()
     made = subprocess.run(
         [sys.executable, "manage.py", "create_workspace", "prod-like", "--credit", "100"],
@@ -235,8 +242,10 @@ def main() -> None:
     health = topology.wait_healthy()
     print(
         f"Veri, production-like: gunicorn ({args.web_workers} workers) at {topology.url}, "
-        f"{args.clusters} qclusters on Redis :{topology.redis_port}, PostgreSQL, S3 at {s3} "
-        f"(bucket {bucket}); logs in {run_dir}.\n/healthz: {health}\n{made.stdout.strip()}\n"
+        f"{args.clusters} qclusters on Redis :{topology.redis_port}, PostgreSQL, S3 "
+        f"({topology.env['VERI_STORE']} at {topology.env['AWS_ENDPOINT_URL']}); logs in "
+        f"{run_dir}.\n/healthz: {health}\n"
+        f"export VERI_API_URL={topology.url} VERI_API_KEY={made.stdout.strip().splitlines()[-1]}\n"
         "Ctrl-C stops it all (the database and the store are thrown away).",
         flush=True,
     )

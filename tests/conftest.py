@@ -205,6 +205,16 @@ postgres_only = pytest.mark.skipif(
 )
 
 
+def wait_for(predicate, timeout: float, what: str):
+    """`predicate()`'s first truthy value, asked every 0.2 s for up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def in_threads(count: int, work) -> list:
     """Run `work(i)` in `count` threads released together; raise if any of them raised."""
     barrier, results, failures = threading.Barrier(count), [None] * count, []

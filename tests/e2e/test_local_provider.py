@@ -2,28 +2,18 @@
 worker speaking the worker API; a second job waits for the one local slot."""
 
 import sys
-import time
 
 import pytest
 
 from billing.services import open_billing_account
 from providers.local import LocalProvider
 from providers.models import Instance
-from tests.conftest import REPO, fill_volume
+from tests.conftest import REPO, fill_volume, wait_for
 from tests.training.conftest import REWARD, upload_dataset
 from training.models import TrainingJob
 
 # serialized_rollback: the schedules a migration wrote survive earlier tests' table flushes.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_local_provider_runs_queued_jobs_one_slot_at_a_time(

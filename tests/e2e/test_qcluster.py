@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests.conftest import wait_for
 from training import tasks
 from training.models import WatchdogState
 
@@ -14,13 +15,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serializ
 
 def state() -> WatchdogState:
     return WatchdogState.objects.get(pk=1)
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_sigterm_stops_the_cluster_in_seconds_and_no_tick_is_lost(qcluster):

@@ -15,7 +15,7 @@ from billing.models import LedgerEntry
 from billing.services import balance_micros
 from providers.local import LocalProvider
 from providers.models import Instance, LaunchAttempt
-from tests.conftest import fill_volume, postgres_only
+from tests.conftest import fill_volume, postgres_only, wait_for
 from tests.e2e.conftest import database_url
 from tests.e2e.test_training import FAST_LORA, SFT_ROWS
 from training.models import JobEvent, TrainingJob
@@ -27,15 +27,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, serialized_rollback=True),
 ]
 REAL_WORKER = f"{sys.executable} -m worker"
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def settled(job_id: str, timeout: float = 180) -> TrainingJob:
