@@ -28,6 +28,27 @@ def list_files(*, volume: Volume, prefix: str = "") -> QuerySet[VolumeFile]:
     return files.filter(path__startswith=prefix) if prefix else files
 
 
+def has_files_under(*, volume: Volume, folder: str) -> bool:
+    """Whether any file lies under `folder` ("" for anywhere in the volume)."""
+    prefix = folder.rstrip("/") + "/" if folder else ""
+    return list_files(volume=volume, prefix=prefix).exists()
+
+
+def get_file(*, volume: Volume, path: str) -> VolumeFile | None:
+    return VolumeFile.objects.filter(volume=volume, path=path).first()
+
+
+def volumes_with_files(*, workspace: Workspace, volume_ids: list[str]) -> list[tuple[Volume, list]]:
+    """The workspace's volumes among `volume_ids`, each with its files (`path, size, sha256,
+    object_key`, by path): two queries however many volumes."""
+    volumes = list(list_volumes(workspace=workspace).filter(public_id__in=volume_ids))
+    files: dict[int, list] = {v.pk: [] for v in volumes}
+    rows = VolumeFile.objects.filter(volume__in=volumes).order_by("volume_id", "path")
+    for row in rows.values("volume_id", "path", "size", "sha256", "object_key").iterator():
+        files[row.pop("volume_id")].append(row)
+    return [(v, files[v.pk]) for v in volumes]
+
+
 def get_upload(*, volume: Volume, upload_id: str) -> Upload:
     upload = Upload.objects.filter(volume=volume, public_id=upload_id).first()
     if upload is None:

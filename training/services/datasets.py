@@ -9,7 +9,6 @@ from training.specs import scan_jsonl
 from veri.errors import TooLarge, VeriError
 from veri.models import Workspace, make_public_id
 from volumes import selectors as volume_selectors
-from volumes.models import VolumeFile
 from volumes.services import validate_path
 from volumes.stores import keys, store_for
 
@@ -90,7 +89,7 @@ def create_volume_dataset(
     """A file in a volume; the worker reads it from the mount (`/mnt/<volume>/<path>`)."""
     validate_path(path)
     found = volume_selectors.get_volume(workspace=workspace, id_or_name=volume)
-    if not VolumeFile.objects.filter(volume=found, path=path).exists():
+    if volume_selectors.get_file(volume=found, path=path) is None:
         raise VeriError(
             f"Volume {found.name!r} has no file {path!r}.", field="path", code="invalid_dataset"
         )

@@ -18,7 +18,7 @@ from veri.errors import Conflict, NotFound, PaymentRequired, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
-from volumes.models import Volume, VolumeFile
+from volumes.models import Volume
 from volumes.services import validate_path, validate_volume_name
 
 S = JobStatus
@@ -266,8 +266,7 @@ def _resolve_volumes(
     if base_model.startswith("volume://"):
         name, _, path = base_model.removeprefix("volume://").partition("/")
         volume = next(v for v in mounted.values() if name in (v.name, v.public_id))
-        prefix = path.rstrip("/") + "/" if path else ""
-        if not VolumeFile.objects.filter(volume=volume, path__startswith=prefix).exists():
+        if not volume_selectors.has_files_under(volume=volume, folder=path):
             raise VeriError(
                 f"Volume {volume.name!r} has no files under {path!r}.",
                 field="base_model",

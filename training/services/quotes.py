@@ -9,7 +9,7 @@ from providers import catalog
 from training.models import Dataset
 from training.services.jobs import Plan, Submission, plan_job
 from veri.models import Workspace
-from volumes.models import VolumeFile
+from volumes import selectors as volume_selectors
 from volumes.stores import StoreError, store_for
 
 CHARS_PER_TOKEN = 4
@@ -49,8 +49,8 @@ def _model_size(plan: Plan) -> tuple[int, str]:
         name, _, folder = base.removeprefix("volume://").partition("/")
         volume = next(v for v in plan.volumes if name in (v.name, v.public_id))
         path = f"{folder.rstrip('/')}/config.json" if folder else "config.json"
-        file = VolumeFile.objects.filter(volume=volume, path=path, size__lte=1024**2).first()
-        if file:
+        file = volume_selectors.get_file(volume=volume, path=path)
+        if file and file.size <= 1024**2:
             try:
                 config = json.loads(store_for(volume.store_prefix).get_bytes(file.object_key))
                 return parameters_from_config(config), f"from {base}/config.json"

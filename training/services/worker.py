@@ -25,7 +25,8 @@ from training.services import alarms, logs
 from training.services.jobs import InvalidTransition, fail_job, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
-from volumes.models import Volume, VolumeFile
+from volumes import selectors as volume_selectors
+from volumes.models import Volume
 from volumes.services import schedule_store_deletion, validate_path
 from volumes.stores import keys, store_for
 
@@ -234,17 +235,26 @@ def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str
         raise
 
 
-def volume_files(*, job: TrainingJob) -> list[dict]:
-    """Each mounted volume with what the worker must find after syncing it."""
-    volumes = Volume.objects.filter(
-        workspace=job.workspace, public_id__in=[v["id"] for v in job.volumes]
+def volume_files(*, job: TrainingJob) -> list[tuple[Volume, list[dict]]]:
+    """Each mounted volume with the files the worker must find after syncing it."""
+    mounted = volume_selectors.volumes_with_files(
+        workspace=job.workspace, volume_ids=[v["id"] for v in job.volumes]
     )
-    answer = []
-    for volume in volumes.select_related("workspace"):
-        files = (
-            VolumeFile.objects.filter(volume=volume)
-            .order_by("path")
-            .values("path", "size", "sha256", "object_key")
+    if len(mounted) != len(job.volumes):
+        found = {volume.public_id for volume, _ in mounted}
+        gone = [v["name"] for v in job.volumes if v["id"] not in found]
+        raise Conflict(f"Volumes deleted since submit: {', '.join(gone)}.", code="volume_gone")
+    return mounted
+
+
+def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
+    """Read access to the mounted volumes and nothing else: credentials scoped to each volume's
+    folder (STS on S3) or signed GET URLs per file (local store). Short-lived; the worker asks
+    again to refresh."""
+    store, answer = store_for(job.workspace_prefix), []
+    for volume, files in volume_files(job=job):
+        credentials, where = store.read_grant(
+            volume.store_prefix, [f["object_key"] for f in files], ttl=ttl
         )
         answer.append(
             {
@@ -252,31 +262,11 @@ def volume_files(*, job: TrainingJob) -> list[dict]:
                 "name": volume.name,
                 "file_count": volume.file_count,
                 "total_bytes": volume.total_bytes,
-                "files": list(files),
+                "credentials": credentials,
+                "files": [f | where[f["object_key"]] for f in files],
             }
         )
-    if len(answer) != len(job.volumes):
-        found = {v["id"] for v in answer}
-        gone = [v["name"] for v in job.volumes if v["id"] not in found]
-        raise Conflict(f"Volumes deleted since submit: {', '.join(gone)}.", code="volume_gone")
-    return answer
-
-
-def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
-    """Read access to the mounted volumes and nothing else: credentials scoped to each volume's
-    folder (STS on S3) or signed GET URLs per file (local store). Short-lived; the worker asks
-    again to refresh."""
-    store = store_for(job.workspace_prefix)
-    volumes = volume_files(job=job)
-    for volume in volumes:
-        prefix = keys.volume_prefix(job.workspace.public_id, volume["id"])
-        credentials, where = store.read_grant(
-            prefix, [f["object_key"] for f in volume["files"]], ttl=ttl
-        )
-        volume["credentials"] = credentials
-        for file in volume["files"]:
-            file |= where[file["object_key"]]
-    return {"ttl_seconds": ttl, "volumes": volumes}
+    return {"ttl_seconds": ttl, "volumes": answer}
 
 
 def output_urls(*, job: TrainingJob, files: list[dict], ttl: int = 3600) -> list[dict]:
