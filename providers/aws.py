@@ -20,7 +20,7 @@ from providers.base import (
     scoped_id,
     split_scoped_id,
 )
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 JOB_TAG = "veri:job"
 DEPLOYMENT_TAG = "veri:deployment"  # several deployments may share one AWS account

@@ -9,7 +9,7 @@ from django.conf import settings
 from providers import bootstrap, catalog
 from providers.base import CapacityError, InstanceState, LaunchSpec, ProviderAdapter, QuotaError
 from providers.http import ProviderApiError, RestClient
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 # Droplet sizes by GPU count; DigitalOcean's GPU images carry the drivers.
 SIZES = {"H100-80GB": {1: "gpu-h100x1-80gb", 8: "gpu-h100x8-640gb"}}

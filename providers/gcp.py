@@ -26,7 +26,7 @@ from providers.base import (
     scoped_id,
     split_scoped_id,
 )
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 MACHINE_TYPES = {"A100-80GB": "a2-ultragpu-1g", "H100-80GB": "a3-highgpu-1g"}
 ACCELERATORS = {"A100-80GB": "nvidia-a100-80gb", "H100-80GB": "nvidia-h100-80gb"}

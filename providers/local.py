@@ -14,7 +14,7 @@ from django.conf import settings
 from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, ProviderAdapter
 from providers.catalog import local_provider
 from providers.models import Instance
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 HOST_SCRIPT = Path(__file__).resolve().with_name("local_host.py")
 

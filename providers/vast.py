@@ -15,7 +15,7 @@ from providers.base import (
     ProviderError,
 )
 from providers.http import ProviderApiError, RestClient
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 GPU_NAMES = {"RTX4090-24GB": "RTX 4090", "A100-80GB": "A100 SXM4", "H100-80GB": "H100 SXM"}
 # The countries (the end of an offer's `geolocation`, e.g. "Oregon, US") of each catalog zone.

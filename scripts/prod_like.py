@@ -138,7 +138,7 @@ class Topology:
         self.web = self._spawn(
             [
                 str(BIN / "gunicorn"),
-                "veri.wsgi:application",
+                "config.wsgi:application",
                 "--bind", f"127.0.0.1:{self.web_port}",
                 "--workers", str(self.web_workers),
                 "--timeout", "120",

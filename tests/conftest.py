@@ -34,6 +34,17 @@ def django_db_serialized_rollback():
     types) after flushing: one that does not would break the next one that does."""
 
 
+@pytest.fixture(autouse=True)
+def public_url(request, settings) -> str:
+    """Where the test's API is reached, so the local store's signed URLs point there: the live
+    server when the test runs one, else Django's test client."""
+    if "live_server" in request.fixturenames:
+        settings.VERI_PUBLIC_URL = request.getfixturevalue("live_server").url
+    else:
+        settings.VERI_PUBLIC_URL = "http://testserver"
+    return settings.VERI_PUBLIC_URL
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """The S3 server: `make test` starts one (VERI_TEST_S3_URL); a bare `pytest` starts its own."""

@@ -174,9 +174,7 @@ class CheckpointOut(serializers.ModelSerializer):
         )
     )
     def get_files(self, checkpoint: Checkpoint) -> list[dict]:
-        request = self.context["request"]
-        files = selectors.checkpoint_files(checkpoint=checkpoint)
-        return [f | {"url": request.build_absolute_uri(f["url"])} for f in files]
+        return selectors.checkpoint_files(checkpoint=checkpoint)
 
 
 class DatasetsView(WorkspaceView):

@@ -137,12 +137,7 @@ class WorkerRegisterView(WorkerView):
 class WorkerSpecView(WorkerView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request, job_id: str) -> Response:
-        spec = worker_services.build_spec(job=self.job)
-        if url := spec["dataset"].get("url"):
-            spec["dataset"]["url"] = request.build_absolute_uri(url)
-        for file in (spec["resume_from"] or {}).get("files", []):
-            file["url"] = request.build_absolute_uri(file["url"])
-        return Response(spec)
+        return Response(worker_services.build_spec(job=self.job))
 
 
 class WorkerStatusView(WorkerView):
@@ -227,12 +222,7 @@ class WorkerMetricsView(WorkerView):
 class WorkerVolumeCredentialsView(WorkerView):
     @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request: Request, job_id: str) -> Response:
-        answer = worker_services.volume_credentials(job=self.job)
-        for volume in answer["volumes"]:
-            for file in volume["files"]:
-                if "url" in file:
-                    file["url"] = request.build_absolute_uri(file["url"])
-        return Response(answer)
+        return Response(worker_services.volume_credentials(job=self.job))
 
 
 OutputUrls = inline_serializer(
@@ -291,10 +281,7 @@ class WorkerOutputCredentialsView(WorkerView):
     def post(self, request: Request, job_id: str) -> Response:
         data = self.validated(self.WorkerOutputCredentialsIn, request.data)
         files = data.get("files") or [{"path": path, "sha256": ""} for path in data["paths"]]
-        urls = worker_services.output_urls(job=self.job, files=files)
-        for entry in urls:
-            entry["url"] = request.build_absolute_uri(entry["url"])
-        return Response({"files": urls})
+        return Response({"files": worker_services.output_urls(job=self.job, files=files)})
 
 
 class CheckpointFileIn(serializers.Serializer):

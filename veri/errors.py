@@ -6,9 +6,6 @@ from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
-
-from volumes.stores.keys import KeyRefused
 
 
 class VeriError(Exception):
@@ -81,8 +78,6 @@ def first_error(detail, path: str = "") -> tuple[str | None, str]:
 def exception_handler(exc, context):
     if isinstance(exc, Http404):
         exc = NotFound("Not found.")
-    if isinstance(exc, KeyRefused):  # the store's own wall held where validation should have
-        exc = VeriError(f"This path is refused: {exc}.", code="invalid_path")
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages
@@ -97,6 +92,10 @@ def exception_handler(exc, context):
         return DatabaseUnavailable().as_response()
     if isinstance(exc, VeriError):
         return Response(exc.as_body(), status=exc.status)
+    # Imported here: DRF's views module reads the authentication settings as it loads, and those
+    # import this module (through the stores' KeyRefused, an error of ours).
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     response = drf_exception_handler(exc, context)  # 401/405/415/429, keeps Retry-After
     if response is not None:
         code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code

@@ -3,6 +3,7 @@ import hmac
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
@@ -104,3 +105,11 @@ def authenticate_api_key(*, raw_key: str) -> ApiKey | None:
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now
     return api_key
+
+
+def deployment_id() -> str:
+    """Tells this deployment from another Veri on the same address (a stale clone on :8000):
+    derived from SECRET_KEY, revealing nothing of it."""
+    return hmac.new(settings.SECRET_KEY.encode(), b"veri-deployment", hashlib.sha256).hexdigest()[
+        :16
+    ]

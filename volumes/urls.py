@@ -1,6 +1,7 @@
 from django.urls import path
 
 from volumes import api
+from volumes.stores.local_view import LocalStoreView
 
 urlpatterns = [
     path("volumes", api.VolumesView.as_view()),
@@ -13,5 +14,5 @@ urlpatterns = [
     path(
         "volumes/<str:volume_id>/uploads/<str:upload_id>/complete", api.UploadCompleteView.as_view()
     ),
-    path("store/<str:token>", api.LocalStoreView.as_view(), name="local-store"),
+    path("store/<str:token>", LocalStoreView.as_view(), name="local-store"),
 ]

@@ -29,7 +29,7 @@ from tests.providers.ec2_proxy import Ec2Proxy
 from tests.training.conftest import upload_dataset
 from training import tasks
 from training.models import TrainingJob
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 pytestmark = pytest.mark.django_db
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
@@ -212,7 +212,7 @@ def test_veri_providers_names_what_a_deployment_offers(tmp_path):
     code = "from django.conf import settings; print(sorted(settings.VERI_PROVIDER_ADAPTERS))"
     out = subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
-        env={**env, "DJANGO_SETTINGS_MODULE": "veri.settings"},
+        env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
@@ -220,7 +220,7 @@ def test_veri_providers_names_what_a_deployment_offers(tmp_path):
     assert out.stdout.strip() == "['aws', 'local']", out.stderr
     bad = subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
-        env={**env, "VERI_PROVIDERS": "local,azure", "DJANGO_SETTINGS_MODULE": "veri.settings"},
+        env={**env, "VERI_PROVIDERS": "local,azure", "DJANGO_SETTINGS_MODULE": "config.settings"},
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],

@@ -15,7 +15,7 @@ from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVas
 from tests.training.conftest import drive, upload_dataset, worker_client
 from training import tasks
 from training.models import TrainingJob
-from veri.health import deployment_id
+from veri.services import deployment_id
 
 pytestmark = pytest.mark.django_db
 

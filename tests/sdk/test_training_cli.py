@@ -40,8 +40,11 @@ def account(cli, cloud, settings, tmp_path):
 
 
 @pytest.fixture
-def proxy(live_server):
+def proxy(live_server, settings):
+    """A faulty network in front of the live server: the address clients reach the API at, so
+    the local store's signed URLs point at it too."""
     proxy = FaultyProxy(live_server.url)
+    settings.VERI_PUBLIC_URL = proxy.url
     yield proxy
     proxy.close()
 

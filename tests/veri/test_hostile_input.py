@@ -14,8 +14,8 @@ from tests.conftest import assert_error, fill_volume
 from tests.training.conftest import GRPO_ROWS, job_body, upload_dataset, worker_client
 from training import tasks
 from training.models import Checkpoint, Dataset, LogChunk, MetricPoint, TrainingJob
-from volumes.api import LocalStoreView
 from volumes.models import Upload, UsageSnapshot, Volume
+from volumes.stores.local_view import LocalStoreView
 
 pytestmark = pytest.mark.django_db
 

@@ -35,23 +35,25 @@ __all__ = [
 ]
 
 
-def store_from_url(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+def store_from_url(url: str, *, endpoint_url: str | None = None, public_url: str) -> ObjectStore:
+    """`public_url`: where this deployment's API is reached, which serves the local store's
+    signed URLs (S3's point at S3)."""
     parts = urlsplit(url)
     if parts.scheme == "s3":
         return S3Store(parts.netloc, parts.path, endpoint_url=endpoint_url)
     if parts.scheme == "file":
-        return LocalStore(parts.path)
+        return LocalStore(parts.path, base_url=public_url)
     raise ValueError(f"VERI_STORE must be file:///path or s3://bucket/prefix, not {url!r}")
 
 
 @cache
-def _store_for(url: str, endpoint_url: str | None) -> ObjectStore:
-    return store_from_url(url, endpoint_url=endpoint_url)
+def _store_for(url: str, endpoint_url: str | None, public_url: str) -> ObjectStore:
+    return store_from_url(url, endpoint_url=endpoint_url, public_url=public_url)
 
 
 def get_store() -> ObjectStore:
     """The configured store; built on first use (not at import) and kept per setting value."""
-    return _store_for(settings.VERI_STORE, settings.AWS_ENDPOINT_URL)
+    return _store_for(settings.VERI_STORE, settings.AWS_ENDPOINT_URL, settings.VERI_PUBLIC_URL)
 
 
 def store_for(scope: Prefix) -> ScopedStore:

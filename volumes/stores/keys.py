@@ -11,6 +11,7 @@ import unicodedata
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from veri.errors import VeriError
 from volumes.stores.base import StoreError
 
 MAX_PATH_BYTES = 900  # the key adds ~100 bytes of prefix; S3 allows 1,024
@@ -22,8 +23,12 @@ REFUSED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
-class KeyRefused(StoreError):
-    """A key or path that breaks the rules, or lies outside the caller's prefix."""
+class KeyRefused(StoreError, VeriError):
+    """A key or path that breaks the rules, or lies outside the caller's prefix: the store's own
+    wall, answered as 400 `invalid_path` should validation before it have missed one."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"This path is refused: {reason}.", code="invalid_path")
 
 
 def path_problem(path: object) -> str | None:

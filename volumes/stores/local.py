@@ -33,7 +33,8 @@ UPLOAD_ID_RE = re.compile(r"[0-9a-f]{32}")
 class LocalStore(ObjectStore):
     """A folder as an object store, for the embedded default. Writes are atomic (temp + rename)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, base_url: str):
+        self.base_url = base_url.rstrip("/")  # where the control plane serves its signed URLs
         self.root = Path(root)
         self.objects = self.root / "objects"
         self.multipart = self.root / "multipart"
@@ -45,9 +46,8 @@ class LocalStore(ObjectStore):
         return path
 
     def sign(self, **claims) -> str:
-        return reverse(
-            "local-store", args=[signing.dumps(claims, salt=SIGNING_SALT, compress=True)]
-        )
+        token = signing.dumps(claims, salt=SIGNING_SALT, compress=True)
+        return self.base_url + reverse("local-store", args=[token])
 
     @staticmethod
     def verify(token: str) -> dict:

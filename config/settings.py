@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "billing",
     "providers",
     "dashboard",
+    "config",
 ]
 
 MIDDLEWARE = [
@@ -69,8 +70,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "veri.urls"
-WSGI_APPLICATION = "veri.wsgi.application"
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
 
 TEMPLATES = [
     {
@@ -150,7 +151,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "veri.schema.add_error_responses",
+        "config.schema.add_error_responses",
     ],
 }
 

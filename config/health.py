@@ -1,13 +1,10 @@
 """`/healthz`: whether this process can reach what it needs. 200 when all is well, else 503."""
 
-import hashlib
-import hmac
-
-from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django_q.brokers import get_broker
 
+from veri.services import deployment_id
 from volumes.stores import get_store
 
 
@@ -26,14 +23,6 @@ def _store() -> None:
 
 
 CHECKS = {"database": _database, "broker": _broker, "store": _store}
-
-
-def deployment_id() -> str:
-    """Tells this deployment from another Veri on the same address (a stale clone on :8000):
-    derived from SECRET_KEY, revealing nothing of it."""
-    return hmac.new(settings.SECRET_KEY.encode(), b"veri-deployment", hashlib.sha256).hexdigest()[
-        :16
-    ]
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

@@ -5,10 +5,10 @@ from django.urls import include, path, re_path
 from django.views.defaults import bad_request, page_not_found
 from django.views.defaults import server_error as html_server_error
 
+from config.health import healthz
+from config.schema import SchemaView
 from providers.api import GpusView, RegionsView
 from veri import errors
-from veri.health import healthz
-from veri.schema import SchemaView
 
 v1 = [
     path("schema", SchemaView.as_view(), name="schema"),
