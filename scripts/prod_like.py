@@ -34,11 +34,15 @@ def free_port() -> int:
 
 
 def _stop(process: subprocess.Popen | None, *, kill: bool = False, wait: float = 20) -> None:
-    """SIGTERM (or SIGKILL) to the process's whole session; SIGKILL when it outstays `wait`."""
+    """SIGTERM to the process, which stops its own children (a qcluster signalled together with
+    its workers stalls); SIGKILL to its whole session when asked, or when it outstays `wait`."""
     if process is None or process.poll() is not None:
         return
     try:
-        os.killpg(process.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        if kill:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.terminate()
         process.wait(timeout=wait)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
