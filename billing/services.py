@@ -200,12 +200,17 @@ def refund_if_due(*, job: TrainingJob) -> Refund | None:
 
 
 def _open_refund(job: TrainingJob) -> tuple[Refund, bool]:
+    """The job's refund: its charge, less what was already credited for restarted runs' lost
+    compute (so a job never gets back more than it paid)."""
+    lost_credited = LedgerEntry.objects.filter(
+        job=job, idempotency_key__startswith=f"lost_compute:{job.pk}:"
+    ).aggregate(total=Sum("amount_micros"))["total"]
     try:
         with transaction.atomic():
             refund = Refund.objects.create(
                 workspace=job.workspace,
                 job=job,
-                amount_micros=job.cost_micros,
+                amount_micros=job.cost_micros - (lost_credited or 0),
                 reason_code=job.error_code,
                 status=R.PENDING,
             )
@@ -221,7 +226,29 @@ def settle_job_money(*, job_id: int) -> None:
     if job.cost_attributed_at is None:
         return
     charge_job(job=job)
+    credit_lost_compute(job=job)
     refund_if_due(job=job)
+
+
+def credit_lost_compute(*, job: TrainingJob) -> int:
+    """Each restarted run's compute after its last checkpoint (part of the job's charge), credited
+    back once; returns the total credited."""
+    credited = 0
+    for attempt in job.attempts.all():
+        amount = min(attempt.lost_micros, (job.cost_micros or 0) - credited)
+        if amount <= 0:
+            continue
+        since = f"after step {attempt.checkpoint_step}" if attempt.checkpoint_step else "in full"
+        record_entry(
+            workspace=job.workspace,
+            kind=K.REFUND_CREDIT,
+            amount_micros=amount,
+            key=f"lost_compute:{job.pk}:{attempt.number}",
+            job=job,
+            description=f"{job.public_id} run {attempt.number}: lost to {attempt.cause}, {since}",
+        )
+        credited += amount
+    return credited
 
 
 @transaction.atomic

@@ -100,7 +100,10 @@ def job_detail(request, job_id: str):
     instance = Instance.objects.filter(job=job).first()
     accrued = None
     if job.cost_micros is None and instance and instance.launched_at:
-        accrued = usd(job_services.accrued_micros(instance, at=instance.terminated_at or now()))
+        accrued = usd(
+            job.earlier_kept_micros
+            + job_services.accrued_micros(instance, at=instance.terminated_at or now())
+        )
     return render(
         request,
         "dashboard/job.html",

@@ -62,6 +62,21 @@ class RefundOut(serializers.Serializer):
     amount_usd = serializers.CharField()
 
 
+class RestartOut(serializers.Serializer):
+    """A run that a platform fault ended and Veri restarted from its newest checkpoint."""
+
+    attempt = serializers.IntegerField()
+    cause = serializers.CharField()
+    message = serializers.CharField()
+    instance = serializers.CharField()
+    launched_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField()
+    from_step = serializers.IntegerField()
+    checkpoint_step = serializers.IntegerField(allow_null=True)
+    kept_usd = serializers.CharField(help_text="compute up to its last checkpoint: charged")
+    lost_usd = serializers.CharField(help_text="compute after it: credited back")
+
+
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id")
     dataset_id = serializers.CharField(source="dataset.public_id")
@@ -72,6 +87,7 @@ class JobOut(serializers.ModelSerializer):
     cost_usd = serializers.SerializerMethodField()
     max_cost_usd = serializers.SerializerMethodField()
     refund = serializers.SerializerMethodField()
+    restarts = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
@@ -95,6 +111,10 @@ class JobOut(serializers.ModelSerializer):
             "heartbeat_timeout_seconds",
             "max_launch_attempts",
             "max_cost_usd",
+            "auto_resume",
+            "max_restarts",
+            "attempt",
+            "restarts",
             "created_at",
             "provisioning_at",
             "configuring_at",
@@ -126,6 +146,24 @@ class JobOut(serializers.ModelSerializer):
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_max_cost_usd(self, job: TrainingJob) -> str | None:
         return None if job.max_cost_micros is None else usd(job.max_cost_micros)
+
+    @extend_schema_field(RestartOut(many=True))
+    def get_restarts(self, job: TrainingJob) -> list[dict]:
+        return [
+            {
+                "attempt": a.number,
+                "cause": a.cause,
+                "message": a.message,
+                "instance": f"{a.provider}:{a.instance_id}",
+                "launched_at": a.launched_at,
+                "ended_at": a.ended_at,
+                "from_step": a.from_step,
+                "checkpoint_step": a.checkpoint_step,
+                "kept_usd": usd(a.kept_micros),
+                "lost_usd": usd(a.lost_micros),
+            }
+            for a in job.attempts.all()
+        ]
 
     @extend_schema_field(RefundOut(allow_null=True))
     def get_refund(self, job: TrainingJob) -> dict | None:
@@ -277,6 +315,8 @@ class SubmitIn(serializers.Serializer):
     max_cost_usd = serializers.DecimalField(
         max_digits=13, decimal_places=6, required=False, allow_null=True
     )
+    auto_resume = serializers.BooleanField(required=False)
+    max_restarts = serializers.IntegerField(required=False)
 
 
 class TrainingJobsView(WorkspaceView):

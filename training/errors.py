@@ -25,6 +25,8 @@ class JobError:
     billing: Billing
     cause: str
     hint: str  # the "what to do" sentence
+    # A platform fault after launch that a restart from the newest checkpoint can outlive.
+    restarts: bool = False
 
 
 C, P, Q = Attribution.CUSTOMER, Attribution.PLATFORM, Attribution.PENDING
@@ -78,6 +80,7 @@ CATALOG: dict[str, JobError] = {
             Billing.REFUND,
             "The instance booted but the worker did not come up",
             "Re-submit; if persistent, try a different `gpu_type`.",
+            restarts=True,
         ),
         JobError(
             "provisioning_timeout",
@@ -110,6 +113,7 @@ CATALOG: dict[str, JobError] = {
             "instance ended before the worker reported a result",
             "Re-submit, or resume from the newest checkpoint with `resume_from` "
             "(`veri jobs resume <id>`); if it repeats, report the job id.",
+            restarts=True,
         ),
         JobError(
             "training_error",
@@ -141,6 +145,7 @@ CATALOG: dict[str, JobError] = {
             Billing.REFUND,
             "The box failed a hardware check (missing GPU, memory errors)",
             "Re-submit; this one is on the platform.",
+            restarts=True,
         ),
         JobError(
             "upload_failed",
@@ -156,6 +161,7 @@ CATALOG: dict[str, JobError] = {
             "The provider deleted or stopped the VM (host error, maintenance, preemption) "
             "before the job finished",
             "Resume from the newest checkpoint with `resume_from` (`veri jobs resume <id>`).",
+            restarts=True,
         ),
         JobError(
             "max_run_duration_reached",

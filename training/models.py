@@ -77,6 +77,11 @@ class TrainingJob(models.Model):
     heartbeat_timeout_seconds = models.PositiveIntegerField(default=300)
     max_launch_attempts = models.PositiveSmallIntegerField(default=3)
     max_cost_micros = models.PositiveBigIntegerField(null=True, blank=True)  # the budget cap
+    # A platform fault after launch restarts the job from its newest checkpoint, this many times.
+    auto_resume = models.BooleanField(default=True)
+    max_restarts = models.PositiveSmallIntegerField(default=3)
+    attempt = models.PositiveSmallIntegerField(default=1)  # the run now going (1: never restarted)
+    earlier_kept_micros = models.PositiveBigIntegerField(default=0)  # restarted runs' kept compute
     # A stop the control plane asked of the worker (budget reached, balance exhausted): the
     # worker saves a checkpoint and ends with this code; past a grace period the watchdog ends it.
     stop_code = models.CharField(max_length=40, blank=True)
@@ -157,6 +162,38 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.type}"
+
+
+class JobAttempt(models.Model):
+    """A run of a job that a platform fault ended and Veri restarted: its machine, its times, and
+    its compute split into kept (up to its last checkpoint, charged) and lost (after it,
+    credited back). The run going now is the job's `instance`."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    cause = models.CharField(max_length=40)  # the fault's catalog code
+    message = models.TextField(blank=True)
+    provider = models.CharField(max_length=30)
+    instance_id = models.CharField(max_length=200, blank=True)
+    gpu_type = models.CharField(max_length=60)
+    gpu_count = models.PositiveSmallIntegerField()
+    price_per_hour_micros = models.PositiveBigIntegerField()
+    launched_at = models.DateTimeField(null=True)
+    ended_at = models.DateTimeField()
+    from_step = models.PositiveIntegerField(default=0)  # the checkpoint it started from
+    checkpoint_step = models.PositiveIntegerField(null=True)  # its last checkpoint, if any
+    checkpoint_at = models.DateTimeField(null=True)
+    kept_micros = models.PositiveBigIntegerField(default=0)
+    lost_micros = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="one_row_per_attempt")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} attempt {self.number} ({self.cause})"
 
 
 class LogChunk(models.Model):

@@ -29,8 +29,10 @@ def get_dataset(*, workspace: Workspace, dataset_id: str) -> Dataset:
 
 
 def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
-    return TrainingJob.objects.filter(workspace=workspace).select_related(
-        "workspace", "dataset", "resume_from", "refund"
+    return (
+        TrainingJob.objects.filter(workspace=workspace)
+        .select_related("workspace", "dataset", "resume_from", "refund")
+        .prefetch_related("attempts")
     )
 
 

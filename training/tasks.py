@@ -7,6 +7,7 @@ import time
 import uuid
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import F, Q
@@ -17,7 +18,7 @@ from providers import catalog
 from providers import services as provider_services
 from providers.services import get_adapter
 from training.models import JobStatus, TrainingJob, WatchdogState
-from training.services import jobs, logs, provisioning, stops
+from training.services import jobs, logs, provisioning, restarts, stops
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -74,7 +75,10 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
             instances_by_provider[instance.provider].append(instance.external_id)
     states = {}
     for provider, ids in instances_by_provider.items():
-        states |= get_adapter(provider).states(ids)
+        try:
+            states |= get_adapter(provider).states(ids)
+        except Exception:  # noqa: BLE001 - one failed poll is no evidence; the next tick asks
+            log.warning("could not poll %s for %d instance(s)", provider, len(ids), exc_info=True)
     failed: dict[str, int] = defaultdict(int)
     still_active = []
     for job in active:
@@ -89,9 +93,12 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
         if not verdict:
             still_active.append(job)
             continue
-        code, message = verdict
+        code, message, restart = Fault(*verdict)
         try:
-            jobs.fail_job(job_id=job.pk, code=code, message=message)
+            if restart:
+                restarts.fail_or_restart(job_id=job.pk, code=code, message=message)
+            else:
+                jobs.fail_job(job_id=job.pk, code=code, message=message)
         except jobs.InvalidTransition:
             continue  # it moved on meanwhile
         failed[code] += 1
@@ -109,7 +116,16 @@ def _obtained(job: TrainingJob, states: dict) -> bool:
     return state is not None and state.alive and state.ready
 
 
-def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] | None:
+class Fault(NamedTuple):
+    """What the watchdog found: a catalog code, the message, and whether a restart (for the
+    catalog's restartable codes) could help; a verdict of (code, message) may restart."""
+
+    code: str
+    message: str
+    restart: bool = True
+
+
+def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] | Fault | None:
     instance = getattr(job, "instance", None)
     state = states.get(instance.external_id) if instance and instance.external_id else None
     if job.status == S.QUEUED:
@@ -161,11 +177,13 @@ def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] |
         waited = (now - job.provisioning_at).total_seconds()
         register_limit = catalog.get_provider(job.provider).register_timeout_seconds
         if register_limit and waited > register_limit:
-            return "provisioning_error", (
+            return Fault(
+                "provisioning_error",
                 f"The worker did not register within {register_limit} s of launching. It calls "
                 f"the API server back at VERI_PUBLIC_URL={settings.VERI_PUBLIC_URL}; if the "
                 "server listens elsewhere, set VERI_PUBLIC_URL to its URL for the server and the "
-                "qcluster, then re-submit."
+                "qcluster, then re-submit.",
+                restart=False,  # a deployment's misconfiguration: another machine would fail too
             )
         if waited > settings.VERI_PROVISIONING_TIMEOUT_SECONDS:
             return "provisioning_timeout", (

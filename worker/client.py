@@ -66,13 +66,14 @@ class Shipper:
         interval: float = 1.0,
         heartbeat_interval: float = 10.0,
         on_stop=None,
+        first_seq: int = 0,
     ):
         self.api, self.interval, self.heartbeat_interval = api, interval, heartbeat_interval
         self.on_stop = on_stop  # called once with {code, message} when the control plane asks
         self.lines: deque = deque()
         self.points: list[dict] = []
         self.sampled: list[dict] = []
-        self.seq, self.step, self.dropped = 0, None, 0
+        self.seq, self.step, self.dropped = first_seq, None, 0
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="veri-shipper", daemon=True)

@@ -49,6 +49,7 @@ class Runner:
                 self.api,
                 heartbeat_interval=spec["heartbeat_interval_seconds"],
                 on_stop=self.stop_training,
+                first_seq=spec.get("log_seq_start", 0),
             ).start()
             self.say(f"[veri] worker for {self.job_id}: {spec['method']} on {spec['base_model']}")
             free = os.environ.get(

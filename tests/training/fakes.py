@@ -19,6 +19,7 @@ class FakeCloud(ProviderAdapter):
         self.on_launch = None  # called as a launch starts, e.g. to run a watchdog meanwhile
         self.after_launch = None  # called once the machine exists, e.g. to kill the task there
         self.tags: dict[str, str] = {}  # instance id -> the job id it was tagged with
+        self.states_error: Exception | None = None  # what a failing status poll raises
         self.launched: list[LaunchSpec] = []
         self.terminated: list[str] = []
         self.states_by_id: dict[str, InstanceState] = {}
@@ -48,6 +49,8 @@ class FakeCloud(ProviderAdapter):
 
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         self.state_calls += 1
+        if self.states_error:
+            raise self.states_error
         return {i: self.states_by_id.get(i, InstanceState(alive=False)) for i in instance_ids}
 
     def terminate(self, instance_id: str) -> None:

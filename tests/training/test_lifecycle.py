@@ -213,7 +213,7 @@ def test_a_cancel_while_the_machine_is_launching_still_terminates_it(submit, clo
 
 
 def test_provisioning_timeout_and_error(submit, cloud, settings):
-    slow, gone = submit(), submit()
+    slow, gone = submit(), submit(auto_resume=False)
     for job in (slow, gone):
         tasks.provision_job(job_id=job.pk)
     cloud.states_by_id["i-0002"] = InstanceState(alive=False)
@@ -253,7 +253,8 @@ def test_heartbeat_timeout_uses_the_jobs_own_deadline(submit, cloud):
 
 
 def test_worker_failed_when_silent_900s_or_instance_gone(submit, cloud):
-    silent, vanished = submit(heartbeat_timeout_seconds=3600), submit()
+    silent = submit(heartbeat_timeout_seconds=3600, auto_resume=False)
+    vanished = submit(auto_resume=False)
     for job in (silent, vanished):
         tasks.provision_job(job_id=job.pk)
         drive(job, S.CONFIGURING, S.RUNNING)
@@ -277,7 +278,7 @@ def test_worker_failed_when_silent_900s_or_instance_gone(submit, cloud):
     [("reclaimed", "provider_reclaimed"), ("max_run_duration", "max_run_duration_reached")],
 )
 def test_provider_ended_vms(submit, cloud, reason, code):
-    job = submit()
+    job = submit(auto_resume=False)
     tasks.provision_job(job_id=job.pk)
     drive(job, S.CONFIGURING, S.RUNNING)
     TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now())

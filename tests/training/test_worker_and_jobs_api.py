@@ -165,8 +165,10 @@ def test_a_finished_job_without_log_says_so(api_client, launched):
 
 
 @pytest.mark.parametrize("code", errors.WORKER_CODES)
-def test_every_worker_reported_code_fails_the_job_with_its_attribution(launched, code):
-    job, worker = launched
+def test_every_worker_reported_code_fails_the_job_with_its_attribution(submit, code):
+    job = submit(auto_resume=False)  # a restartable code would restart it (test_restarts.py)
+    tasks.provision_job(job_id=job.pk)
+    worker = worker_client(job)
     worker.post(w(job, "register"), {}, format="json")
     worker.post(w(job, "status"), {"status": "running"}, format="json")
     response = worker.post(

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from billing import services as billing
@@ -145,6 +146,10 @@ def close_out_job(*, job: TrainingJob) -> None:
             job.error_code and errors.get(job.error_code).billing == errors.Billing.NONE
         )
         cost = accrued_micros(instance, at=instance.terminated_at) if billed and instance else 0
+        # Restarted runs' compute, all of it: what each lost after its checkpoint is credited
+        # back when the job settles (billing.credit_lost_compute).
+        earlier = job.attempts.aggregate(kept=Sum("kept_micros"), lost=Sum("lost_micros"))
+        cost += (earlier["kept"] or 0) + (earlier["lost"] or 0)
         if job.max_cost_micros is not None:
             cost = min(cost, job.max_cost_micros)  # a budget is never overrun
         TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
@@ -173,6 +178,8 @@ class Submission:
     heartbeat_timeout_seconds: int = 300
     max_launch_attempts: int = 3
     max_cost_usd: object = None  # a number of dollars, or a decimal string
+    auto_resume: bool = True
+    max_restarts: int = 3
 
 
 def _check_method(method: str) -> None:
@@ -420,6 +427,7 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
         ("checkpoint_keep", sub.checkpoint_keep, 1, 50),
         ("heartbeat_timeout_seconds", sub.heartbeat_timeout_seconds, 30, 86_400),
         ("max_launch_attempts", sub.max_launch_attempts, 1, 20),
+        ("max_restarts", sub.max_restarts, 0, 10),
     ]
     for name, value, low, high in limits:
         if value is not None and not low <= value <= high:
@@ -464,6 +472,8 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             heartbeat_timeout_seconds=sub.heartbeat_timeout_seconds,
             max_launch_attempts=sub.max_launch_attempts,
             max_cost_micros=plan.max_cost_micros,
+            auto_resume=sub.auto_resume,
+            max_restarts=sub.max_restarts,
         )
         JobEvent.objects.create(
             job=job,
@@ -535,5 +545,7 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
         heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,
         max_launch_attempts=job.max_launch_attempts,
         max_cost_usd=None if job.max_cost_micros is None else Decimal(job.max_cost_micros) / 10**6,
+        auto_resume=job.auto_resume,
+        max_restarts=job.max_restarts,
     )
     return submit_job(workspace=job.workspace, submission=sub)

@@ -20,6 +20,11 @@ def append_lines(*, job: TrainingJob, lines: list[dict]) -> int:
     return len(insert_new(LogChunk, job=job, key="seq", rows=rows))
 
 
+def next_seq(*, job: TrainingJob) -> int:
+    newest = LogChunk.objects.filter(job=job).aggregate(seq=Max("seq"))["seq"]
+    return 0 if newest is None else newest + 1
+
+
 def full_text(*, job: TrainingJob) -> str:
     texts = LogChunk.objects.filter(job=job).order_by("seq").values_list("text", flat=True)
     return "".join(f"{text}\n" for text in texts.iterator())

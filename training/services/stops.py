@@ -36,7 +36,10 @@ def enforce(*, active: Iterable[TrainingJob], now: datetime) -> dict[str, int]:
     and stops past their grace. A fixed number of queries however many jobs there are."""
     active = [job for job in active if getattr(job, "instance", None)]
     stopped: dict[str, int] = {}
-    accrued = {job.pk: accrued_micros(job.instance, at=now) for job in active}
+    # What each job has cost so far: its restarted runs' kept compute, and the run going now.
+    accrued = {
+        job.pk: job.earlier_kept_micros + accrued_micros(job.instance, at=now) for job in active
+    }
 
     def stop(job: TrainingJob, code: str, message: str) -> None:
         if request_stop(job=job, code=code, message=message, now=now):

@@ -21,8 +21,8 @@ from training.models import (
     Sample,
     TrainingJob,
 )
-from training.services import alarms, logs
-from training.services.jobs import InvalidTransition, fail_job, machine_obtained, transition_job
+from training.services import alarms, logs, restarts
+from training.services.jobs import InvalidTransition, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
 from volumes import selectors as volume_selectors
@@ -89,7 +89,9 @@ def heartbeat(*, job: TrainingJob, step: int | None) -> None:
 
 @transaction.atomic
 def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
-    """`[{step, values, at?}]`; a step already recorded keeps its first values."""
+    """`[{step, values, at?}]`; a step already recorded keeps its first values (a restarted
+    run's replay of one is checked against them)."""
+    restarts.verify_replay(job=job, points=points)
     now = timezone.now()
     rows = [
         MetricPoint(job=job, step=p["step"], values=p["values"], at=p.get("at") or now)
@@ -227,7 +229,7 @@ def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str
             code="invalid_error_code",
         )
     try:
-        return fail_job(job_id=job.pk, code=error_code, message=message)
+        return restarts.fail_or_restart(job_id=job.pk, code=error_code, message=message)
     except InvalidTransition:
         job.refresh_from_db()
         if job.status in TERMINAL:
@@ -330,6 +332,9 @@ def build_spec(*, job: TrainingJob) -> dict:
         "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
         "samples_every": job.samples_every,
         "resume_from": resume,
+        "attempt": job.attempt,
+        # A restarted job's new run numbers its log lines after the earlier runs' lines.
+        "log_seq_start": logs.next_seq(job=job),
     }
 
 

@@ -1,0 +1,235 @@
+"""Auto-resume: a platform fault after launch restarts the job from its newest checkpoint (same
+job id, a new run), customer faults never do, and money follows the runs: charged for compute
+kept, credited for compute lost after each restarted run's last checkpoint."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from billing.models import LedgerEntry, Refund
+from providers.base import InstanceState, ProviderError
+from providers.models import Instance
+from tests.training.conftest import drive, worker_client
+from tests.training.test_worker_and_jobs_api import upload_checkpoint, w
+from training import tasks
+from training.models import Checkpoint, JobAttempt, JobEvent, JobStatus, TrainingJob
+from training.services import jobs, restarts
+
+pytestmark = pytest.mark.django_db
+S = JobStatus
+L4_PER_HOUR = 805_000  # the fake cloud's one L4, in micro-dollars
+
+
+def running(submit, **fields) -> tuple[TrainingJob, object]:
+    job = submit(**fields)
+    tasks.provision_job(job_id=job.pk)
+    worker = worker_client(TrainingJob.objects.get(pk=job.pk))
+    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "status"), {"status": "running"}, format="json")
+    job.refresh_from_db()
+    return job, worker
+
+
+def machine_lost(cloud, job: TrainingJob) -> dict:
+    """The provider reports the job's machine gone: what the watchdog finds."""
+    cloud.states_by_id[Instance.objects.get(job=job).external_id] = InstanceState(alive=False)
+    return tasks.check_jobs()
+
+
+def test_a_lost_machine_restarts_the_job_from_its_newest_checkpoint(submit, cloud):
+    job, worker = running(submit)
+    for step in (10, 20):
+        upload_checkpoint(worker, job, step)
+    lines = [{"seq": n, "text": f"line {n}"} for n in range(5)]
+    worker.post(w(job, "logs"), {"lines": lines}, format="json")
+    assert machine_lost(cloud, job) == {"worker_failed": 1}
+
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.resume_from.step) == (S.QUEUED, 2, 20)
+    restarted = JobEvent.objects.get(job=job, type="job_restarted").detail
+    assert (restarted["cause"], restarted["attempt"], restarted["from_step"]) == (
+        "worker_failed",
+        2,
+        20,
+    )
+    assert cloud.terminated == ["i-0001"]
+    [run] = JobAttempt.objects.filter(job=job)
+    assert (run.number, run.cause, run.instance_id, run.checkpoint_step) == (
+        1,
+        "worker_failed",
+        "i-0001",
+        20,
+    )
+    # The ended run's worker is cut off; the next run gets its own machine and token.
+    assert worker.post(w(job, "heartbeat"), {"step": 21}, format="json").status_code == 401
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    new_worker = worker_client(TrainingJob.objects.get(pk=job.pk))
+    spec = new_worker.get(w(job, "spec")).json()
+    assert (spec["resume_from"]["step"], spec["attempt"], spec["log_seq_start"]) == (20, 2, 5)
+    assert Instance.objects.get(job=job).external_id == "i-0002"
+
+
+def test_a_job_without_a_checkpoint_restarts_from_step_0(submit, cloud):
+    job, _ = running(submit)
+    machine_lost(cloud, job)
+    job.refresh_from_db()
+    assert (job.status, job.resume_from) == (S.QUEUED, None)
+    assert JobEvent.objects.get(job=job, type="job_restarted").detail["from_step"] == 0
+
+
+@pytest.mark.parametrize("code", ["training_error", "oom", "invalid_dataset"])
+def test_customer_faults_never_restart(submit, cloud, code):
+    job, worker = running(submit)
+    upload_checkpoint(worker, job, 10)
+    worker.post(w(job, "complete"), {"ok": False, "error_code": code}, format="json")
+    job.refresh_from_db()
+    assert (job.status, job.error_code, job.attempt) == (S.FAILED, code, 1)
+    assert not JobEvent.objects.filter(job=job, type="job_restarted").exists()
+
+
+def test_a_worker_reported_hardware_error_restarts_and_auto_resume_off_does_not(submit, cloud):
+    job, worker = running(submit)
+    worker.post(w(job, "complete"), {"ok": False, "error_code": "hardware_error"}, format="json")
+    assert TrainingJob.objects.get(pk=job.pk).status == S.QUEUED
+    off, worker = running(submit, auto_resume=False)
+    worker.post(w(off, "complete"), {"ok": False, "error_code": "hardware_error"}, format="json")
+    assert TrainingJob.objects.get(pk=off.pk).error_code == "hardware_error"
+
+
+def test_max_restarts_reached_fails_with_the_last_fault_and_the_normal_refund_rule(
+    submit, cloud, billed
+):
+    job, _ = running(submit, max_restarts=1)
+    machine_lost(cloud, job)
+    tasks.provision_job(job_id=job.pk)
+    drive(job, S.CONFIGURING, S.RUNNING)
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now())
+    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=1))
+    machine_lost(cloud, job)
+    job.refresh_from_db()
+    assert (job.status, job.error_code, job.attempt) == (S.FAILED, "worker_failed", 2)
+    tasks.settle_job(job_id=job.pk)
+    job.refresh_from_db()
+    assert job.refund.status == "pending"  # worker_failed is reviewed before any credit
+    lost = sum(
+        LedgerEntry.objects.filter(job=job, kind="refund_credit").values_list(
+            "amount_micros", flat=True
+        )
+    )
+    assert job.refund.amount_micros == job.cost_micros - lost
+
+
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    "ran, checkpoint_after, kept_minutes, lost_minutes",
+    [
+        (50 * MINUTE, 30 * MINUTE, 30, 20),  # checkpointed 20 minutes before the machine died
+        (50 * MINUTE, None, 0, 50),  # no checkpoint in this run: all of it is lost
+        (50 * MINUTE, 50 * MINUTE, 50, 0),  # died just as it checkpointed
+    ],
+)
+def test_a_restarted_jobs_charge_and_credit_are_its_kept_and_lost_compute(
+    submit, cloud, billed, ran, checkpoint_after, kept_minutes, lost_minutes
+):
+    job, worker = running(submit)
+    start = timezone.now() - ran
+    Instance.objects.filter(job=job).update(launched_at=start)
+    if checkpoint_after is not None:
+        upload_checkpoint(worker, job, 10)
+        Checkpoint.objects.filter(job=job).update(created_at=start + checkpoint_after)
+    machine_lost(cloud, job)
+    tasks.provision_job(job_id=job.pk)
+    second_start = timezone.now() - 40 * MINUTE
+    Instance.objects.filter(job=job).update(launched_at=second_start)
+    drive(job, S.CONFIGURING, S.RUNNING, S.COMPLETED)
+    tasks.settle_job(job_id=job.pk)
+    tasks.settle_job(job_id=job.pk)  # a second settle changes nothing
+
+    job.refresh_from_db()
+    [run] = JobAttempt.objects.filter(job=job)
+    per_minute = L4_PER_HOUR / 60
+    assert run.kept_micros == pytest.approx(kept_minutes * per_minute, abs=50)
+    assert run.lost_micros == pytest.approx(lost_minutes * per_minute, abs=50)
+    final_run = jobs.accrued_micros(
+        Instance.objects.get(job=job), at=Instance.objects.get(job=job).terminated_at
+    )
+    assert job.cost_micros == run.kept_micros + run.lost_micros + final_run
+    entries = dict(LedgerEntry.objects.filter(job=job).values_list("kind", "amount_micros"))
+    assert entries["job_charge"] == -job.cost_micros
+    assert entries.get("refund_credit", 0) == run.lost_micros
+    assert not Refund.objects.filter(job=job).exists()  # it completed: nothing else is owed
+
+
+def test_split_compute_is_kept_until_the_checkpoint_and_lost_after():
+    start = timezone.now()
+    split = lambda **kw: restarts.split_compute(  # noqa: E731
+        price_per_hour_micros=3_600_000, launched_at=start, **kw
+    )
+    assert split(ended_at=start + 100 * timedelta(seconds=1), checkpoint_at=None) == (0, 100_000)
+    kept_lost = split(
+        ended_at=start + timedelta(seconds=100), checkpoint_at=start + timedelta(seconds=60)
+    )
+    assert kept_lost == (60_000, 40_000)
+    # a checkpoint from before this run started (the one it resumed from) keeps nothing of it
+    assert split(
+        ended_at=start + timedelta(seconds=10), checkpoint_at=start - timedelta(seconds=5)
+    ) == (0, 10_000)
+
+
+def test_a_cancel_during_a_restart_terminates_everything_once(submit, cloud, api_client):
+    job, _ = running(submit)
+    machine_lost(cloud, job)
+    assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").json()["status"] == (
+        "cancelled"
+    )
+    assert tasks.provision_job(job_id=job.pk).startswith("not claimed")
+    assert cloud.terminated == ["i-0001"] and len(cloud.launched) == 1
+
+
+def test_a_slow_but_healthy_worker_and_one_failed_poll_are_not_restarted(submit, cloud):
+    job, worker = running(submit)
+    worker.post(w(job, "heartbeat"), {"step": 3}, format="json")
+    # The provider's status API fails once: no evidence, no restart.
+    cloud.states_error = ProviderError("503 Service Unavailable")
+    assert tasks.check_jobs() == {}
+    cloud.states_error = None
+    # Ten minutes on one step, heartbeats still coming: slow, not dead.
+    later = timezone.now() + timedelta(minutes=10)
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=later - timedelta(seconds=5))
+    assert tasks.check_jobs(now=later) == {}
+    assert TrainingJob.objects.get(pk=job.pk).status == S.RUNNING
+
+
+def test_the_replayed_step_after_a_restart_is_checked_against_the_earlier_run(submit, cloud):
+    job, worker = running(submit)
+    upload_checkpoint(worker, job, 20)
+    worker.post(
+        w(job, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.5}}]}, format="json"
+    )
+    machine_lost(cloud, job)
+    tasks.provision_job(job_id=job.pk)
+    new_worker = worker_client(TrainingJob.objects.get(pk=job.pk))
+    new_worker.post(w(job, "register"), {}, format="json")
+    new_worker.post(
+        w(job, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.5003}}]}, format="json"
+    )
+    verified = JobEvent.objects.get(job=job, type="resume_verified").detail
+    assert (verified["step"], verified["loss_before"], verified["loss_now"]) == (21, 0.5, 0.5003)
+
+    other, worker = running(submit)
+    upload_checkpoint(worker, other, 20)
+    worker.post(
+        w(other, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.5}}]}, format="json"
+    )
+    machine_lost(cloud, other)
+    tasks.provision_job(job_id=other.pk)
+    new_worker = worker_client(TrainingJob.objects.get(pk=other.pk))
+    new_worker.post(
+        w(other, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.9}}]}, format="json"
+    )
+    assert JobEvent.objects.filter(job=other, type="resume_mismatch").exists()
+    alarm = JobEvent.objects.get(job=other, type="alarm_resume_mismatch").detail
+    assert "not the same training" in alarm["message"]
