@@ -115,6 +115,7 @@ class JobOut(serializers.ModelSerializer):
             "max_restarts",
             "attempt",
             "restarts",
+            "inputs_digest",
             "created_at",
             "provisioning_at",
             "configuring_at",

@@ -82,6 +82,9 @@ class TrainingJob(models.Model):
     max_restarts = models.PositiveSmallIntegerField(default=3)
     attempt = models.PositiveSmallIntegerField(default=1)  # the run now going (1: never restarted)
     earlier_kept_micros = models.PositiveBigIntegerField(default=0)  # restarted runs' kept compute
+    # The sha256 of the mounted volumes' files as pinned at submit (empty: submitted before pins,
+    # whose runs read the volumes as they are).
+    inputs_digest = models.CharField(max_length=64, blank=True)
     # A stop the control plane asked of the worker (budget reached, balance exhausted): the
     # worker saves a checkpoint and ends with this code; past a grace period the watchdog ends it.
     stop_code = models.CharField(max_length=40, blank=True)
@@ -136,6 +139,11 @@ class TrainingJob(models.Model):
     def samples_every(self) -> int:
         """GRPO: the worker sends sampled completions every this many steps (about 20 times)."""
         return max(1, self.hyperparameters.get("max_steps", 200) // 20)
+
+    @property
+    def pin_holder(self) -> str:
+        """Whose pins the job's mounted files are (`volumes.PinnedFile.holder`)."""
+        return f"job:{self.public_id}"
 
     @property
     def workspace_prefix(self) -> keys.Prefix:

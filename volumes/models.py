@@ -121,3 +121,19 @@ class StoreDeletion(models.Model):
     @property
     def is_prefix(self) -> bool:
         return self.key.endswith("/")
+
+
+class PinnedFile(models.Model):
+    """A volume's file as it was when a holder (a training job) pinned it: the holder reads this
+    version whatever is uploaded over the path later, and the reconciler keeps its object in the
+    store until the holder lets go. A deleted volume takes its pins with it."""
+
+    holder = models.CharField(max_length=64, db_index=True)  # "job:<public id>"
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="pins")
+    path = models.CharField(max_length=1024)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True)
+    object_key = models.CharField(max_length=1024, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.holder}: {self.volume_id}/{self.path}"

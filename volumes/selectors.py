@@ -4,7 +4,7 @@ from django.db.models import Q, QuerySet
 
 from veri.errors import NotFound
 from veri.models import Workspace
-from volumes.models import Upload, UsageSnapshot, Volume, VolumeFile
+from volumes.models import PinnedFile, Upload, UsageSnapshot, Volume, VolumeFile
 
 
 def list_volumes(*, workspace: Workspace) -> QuerySet[Volume]:
@@ -38,12 +38,16 @@ def get_file(*, volume: Volume, path: str) -> VolumeFile | None:
     return VolumeFile.objects.filter(volume=volume, path=path).first()
 
 
-def volumes_with_files(*, workspace: Workspace, volume_ids: list[str]) -> list[tuple[Volume, list]]:
+def volumes_with_files(
+    *, workspace: Workspace, volume_ids: list[str], pinned_by: str | None = None
+) -> list[tuple[Volume, list]]:
     """The workspace's volumes among `volume_ids`, each with its files (`path, size, sha256,
-    object_key`, by path): two queries however many volumes."""
+    object_key`, by path): the files `pinned_by` pinned when given, else the current ones. Two
+    queries however many volumes."""
     volumes = list(list_volumes(workspace=workspace).filter(public_id__in=volume_ids))
     files: dict[int, list] = {v.pk: [] for v in volumes}
-    rows = VolumeFile.objects.filter(volume__in=volumes).order_by("volume_id", "path")
+    source = PinnedFile.objects.filter(holder=pinned_by) if pinned_by else VolumeFile.objects
+    rows = source.filter(volume__in=volumes).order_by("volume_id", "path")
     for row in rows.values("volume_id", "path", "size", "sha256", "object_key").iterator():
         files[row.pop("volume_id")].append(row)
     return [(v, files[v.pk]) for v in volumes]

@@ -1,5 +1,6 @@
 """Every state change of volumes: create, delete, and the upload lifecycle."""
 
+import hashlib
 import math
 import re
 import secrets
@@ -15,7 +16,7 @@ from providers.catalog import available_region_codes, default_region
 from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
-from volumes.models import StoreDeletion, Upload, Volume, VolumeFile
+from volumes.models import PinnedFile, StoreDeletion, Upload, Volume, VolumeFile
 from volumes.stores import StoreError, keys, store_for
 
 NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
@@ -53,6 +54,28 @@ def validate_path(path: str, *, field: str = "path") -> None:
 def schedule_store_deletion(*, prefix: keys.Prefix | None = None, key: str = "", reason: str):
     """Queue objects the database no longer points to for the reconciler (a folder, or one key)."""
     return StoreDeletion.objects.create(key=prefix.value if prefix else key, reason=reason)
+
+
+def pin_files(*, holder: str, volumes: Sequence[Volume]) -> str:
+    """Pin every file of `volumes` as it is now for `holder`; returns the manifest's digest (the
+    sha256 of each file's volume, path, size and sha256, in order)."""
+    rows = list(
+        VolumeFile.objects.filter(volume__in=volumes)
+        .order_by("volume_id", "path")
+        .values("volume_id", "path", "size", "sha256", "object_key")
+    )
+    PinnedFile.objects.bulk_create(PinnedFile(holder=holder, **row) for row in rows)
+    ids = {v.pk: v.public_id for v in volumes}
+    manifest = hashlib.sha256()
+    for row in rows:
+        manifest.update(f"{ids[row['volume_id']]}\t{row['path']}\t{row['size']}\t".encode())
+        manifest.update(f"{row['sha256']}\n".encode())
+    return manifest.hexdigest()
+
+
+def release_pins(*, holder: str) -> None:
+    """The holder is done: its pinned objects replaced meanwhile may now leave the store."""
+    PinnedFile.objects.filter(holder=holder).delete()
 
 
 def create_volume(

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from volumes.models import StoreDeletion, Upload, UsageSnapshot, Volume
+from volumes.models import PinnedFile, StoreDeletion, Upload, UsageSnapshot, Volume
 from volumes.stores import keys, store_for
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,15 @@ def reconcile_deleted_volumes() -> int:
             )
             if not pending:
                 return done
+            # A replaced file that a running job pinned stays until the job lets go of it.
+            pinned = set(
+                PinnedFile.objects.filter(object_key__in=[d.key for d in pending]).values_list(
+                    "object_key", flat=True
+                )
+            )
             for deletion in pending:
+                if deletion.key in pinned:
+                    continue
                 try:
                     if deletion.is_prefix:
                         store.delete_prefix(keys.Prefix(deletion.key))

@@ -10,11 +10,15 @@ from django.utils import timezone
 from billing.models import LedgerEntry, Refund
 from providers.base import InstanceState, ProviderError
 from providers.models import Instance
+from tests.conftest import fill_volume, get_url
 from tests.training.conftest import drive, worker_client
 from tests.training.test_worker_and_jobs_api import upload_checkpoint, w
 from training import tasks
 from training.models import Checkpoint, JobAttempt, JobEvent, JobStatus, TrainingJob
 from training.services import jobs, restarts
+from volumes.models import VolumeFile
+from volumes.stores import get_store
+from volumes.tasks import reconcile_deleted_volumes
 
 pytestmark = pytest.mark.django_db
 S = JobStatus
@@ -233,3 +237,30 @@ def test_the_replayed_step_after_a_restart_is_checked_against_the_earlier_run(su
     assert JobEvent.objects.filter(job=other, type="resume_mismatch").exists()
     alarm = JobEvent.objects.get(job=other, type="alarm_resume_mismatch").detail
     assert "not the same training" in alarm["message"]
+
+
+def test_mounted_files_are_pinned_at_submit_for_every_run(submit, cloud, workspace, api_client):
+    fill_volume(workspace, "corpus", {"part-1.jsonl": b'{"v": 1}\n'})
+    pinned_key = VolumeFile.objects.get(volume__name="corpus").object_key
+    job, worker = running(submit, volumes=["corpus"])
+    assert len(job.inputs_digest) == 64
+    fill_volume(workspace, "corpus", {"part-1.jsonl": b'{"v": 2, "longer": true}\n'})  # replaced
+    reconcile_deleted_volumes()  # the replaced object stays: a running job pinned it
+
+    def mounted(client) -> tuple[int, bytes]:
+        [volume] = client.post(w(job, "volume-credentials"), format="json").json()["volumes"]
+        [file] = volume["files"]
+        return file["size"], get_url(client, file["url"])
+
+    assert mounted(worker) == (9, b'{"v": 1}\n')
+    machine_lost(cloud, job)  # the restarted run reads the same bytes
+    tasks.provision_job(job_id=job.pk)
+    new_worker = worker_client(TrainingJob.objects.get(pk=job.pk))
+    assert mounted(new_worker) == (9, b'{"v": 1}\n')
+    got = api_client.get(f"/v1/training_jobs/{job.public_id}").json()
+    assert got["inputs_digest"] == job.inputs_digest
+
+    drive(job, S.CONFIGURING, S.RUNNING, S.COMPLETED)
+    tasks.settle_job(job_id=job.pk)  # the job lets go: the old version may now leave the store
+    reconcile_deleted_volumes()
+    assert get_store().head(pinned_key) is None

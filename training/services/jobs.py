@@ -19,6 +19,7 @@ from veri.errors import Conflict, NotFound, PaymentRequired, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
+from volumes import services as volume_services
 from volumes.models import Volume
 from volumes.services import validate_path, validate_volume_name
 
@@ -155,6 +156,7 @@ def close_out_job(*, job: TrainingJob) -> None:
         TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
             cost_micros=cost, cost_attributed_at=timezone.now()
         )
+    volume_services.release_pins(holder=job.pin_holder)
     logs.archive_log(job=job, final=True)
 
 
@@ -475,6 +477,9 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             auto_resume=sub.auto_resume,
             max_restarts=sub.max_restarts,
         )
+        # Every run of the job, a restarted one too, syncs the volumes as they are now.
+        job.inputs_digest = volume_services.pin_files(holder=job.pin_holder, volumes=plan.volumes)
+        job.save(update_fields=["inputs_digest"])
         JobEvent.objects.create(
             job=job,
             type=S.QUEUED,

@@ -238,9 +238,12 @@ def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str
 
 
 def volume_files(*, job: TrainingJob) -> list[tuple[Volume, list[dict]]]:
-    """Each mounted volume with the files the worker must find after syncing it."""
+    """Each mounted volume with the files the worker must find after syncing it: those pinned
+    when the job was submitted, for every run."""
     mounted = volume_selectors.volumes_with_files(
-        workspace=job.workspace, volume_ids=[v["id"] for v in job.volumes]
+        workspace=job.workspace,
+        volume_ids=[v["id"] for v in job.volumes],
+        pinned_by=job.pin_holder if job.inputs_digest else None,
     )
     if len(mounted) != len(job.volumes):
         found = {volume.public_id for volume, _ in mounted}
