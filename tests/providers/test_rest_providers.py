@@ -254,6 +254,7 @@ def test_a_vm_gcp_took_back_is_reclaimed_or_at_its_24_hours(
     gcp, api_client, data, hours_ran, code, fault
 ):
     job = obtained(gcp, submit(api_client, data, "gcp", "H100-80GB"))
+    TrainingJob.objects.filter(pk=job.pk).update(auto_resume=False)  # the code alone, here
     drive(job, "configuring", "running")
     Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=hours_ran))
     gcp.vms.clear()  # GCP deleted the VM
