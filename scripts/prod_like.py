@@ -232,6 +232,7 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, default=2)
     args = parser.parse_args()
     run_dir = REPO / ".veri" / "prod-like"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh database: no tasks queued for an old one
     topology = on_services(run_dir=run_dir, web_workers=args.web_workers)
     topology.migrate()
     made = subprocess.run(
