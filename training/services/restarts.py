@@ -137,6 +137,8 @@ def verify_replay(*, job: TrainingJob, points: list[dict]) -> str | None:
         return None
     step = job.resume_from.step + 1
     now = next((p["values"].get("loss") for p in points if p["step"] == step), None)
+    if now is None:
+        return None
     earlier = MetricPoint.objects.filter(job=job, step=step).values_list("values", flat=True)
     before = (earlier.first() or {}).get("loss")
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (now, before)):
