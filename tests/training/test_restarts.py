@@ -207,33 +207,27 @@ def test_a_slow_but_healthy_worker_and_one_failed_poll_are_not_restarted(submit,
     assert TrainingJob.objects.get(pk=job.pk).status == S.RUNNING
 
 
-def test_the_replayed_step_after_a_restart_is_checked_against_the_earlier_run(submit, cloud):
+def replayed(submit, cloud, *, loss_before: float, loss_now: float) -> TrainingJob:
+    """A job that reported step 21 after its checkpoint at 20, lost its machine, and whose next
+    run reported step 21 again."""
     job, worker = running(submit)
     upload_checkpoint(worker, job, 20)
-    worker.post(
-        w(job, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.5}}]}, format="json"
-    )
+    point = lambda loss: {"points": [{"step": 21, "values": {"loss": loss}}]}  # noqa: E731
+    worker.post(w(job, "metrics"), point(loss_before), format="json")
     machine_lost(cloud, job)
     tasks.provision_job(job_id=job.pk)
     new_worker = worker_client(TrainingJob.objects.get(pk=job.pk))
     new_worker.post(w(job, "register"), {}, format="json")
-    new_worker.post(
-        w(job, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.5003}}]}, format="json"
-    )
+    new_worker.post(w(job, "metrics"), point(loss_now), format="json")
+    return job
+
+
+def test_the_replayed_step_after_a_restart_is_checked_against_the_earlier_run(submit, cloud):
+    job = replayed(submit, cloud, loss_before=0.5, loss_now=0.5003)
     verified = JobEvent.objects.get(job=job, type="resume_verified").detail
     assert (verified["step"], verified["loss_before"], verified["loss_now"]) == (21, 0.5, 0.5003)
 
-    other, worker = running(submit)
-    upload_checkpoint(worker, other, 20)
-    worker.post(
-        w(other, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.5}}]}, format="json"
-    )
-    machine_lost(cloud, other)
-    tasks.provision_job(job_id=other.pk)
-    new_worker = worker_client(TrainingJob.objects.get(pk=other.pk))
-    new_worker.post(
-        w(other, "metrics"), {"points": [{"step": 21, "values": {"loss": 0.9}}]}, format="json"
-    )
+    other = replayed(submit, cloud, loss_before=0.5, loss_now=0.9)
     assert JobEvent.objects.filter(job=other, type="resume_mismatch").exists()
     alarm = JobEvent.objects.get(job=other, type="alarm_resume_mismatch").detail
     assert "not the same training" in alarm["message"]
