@@ -129,12 +129,18 @@ def settle_job(*, job_id: int) -> bool:
     return True
 
 
+def compute_micros(*, price_per_hour_micros: int, start, end) -> int:
+    """Per second from `start` to `end` (nothing when `end` is earlier), at an hourly price."""
+    return int(price_per_hour_micros * max((end - start).total_seconds(), 0) / 3600)
+
+
 def accrued_micros(instance: Instance, *, at) -> int:
-    """Per second from the launch to `at` (the termination, or now), at the instance's price."""
+    """From the launch to `at` (the termination, or now), at the instance's price."""
     if not instance.launched_at:
         return 0
-    seconds = max((at - instance.launched_at).total_seconds(), 0)
-    return int(instance.price_per_hour_micros * seconds / 3600)
+    return compute_micros(
+        price_per_hour_micros=instance.price_per_hour_micros, start=instance.launched_at, end=at
+    )
 
 
 def close_out_job(*, job: TrainingJob) -> None:

@@ -64,11 +64,11 @@ def split_compute(
     """(kept, lost) micro-dollars of a run: kept up to its last checkpoint, lost after it (all
     of it when the run saved none)."""
     kept_until = max(launched_at, min(checkpoint_at or launched_at, ended_at))
-
-    def cost(start: datetime, end: datetime) -> int:
-        return int(price_per_hour_micros * max((end - start).total_seconds(), 0) / 3600)
-
-    return cost(launched_at, kept_until), cost(kept_until, ended_at)
+    price = price_per_hour_micros
+    return (
+        jobs.compute_micros(price_per_hour_micros=price, start=launched_at, end=kept_until),
+        jobs.compute_micros(price_per_hour_micros=price, start=kept_until, end=ended_at),
+    )
 
 
 def _restart(job: TrainingJob, instance: Instance, *, code: str, message: str) -> TrainingJob:
