@@ -61,6 +61,10 @@ class AwsProvider(ProviderAdapter):
             config=Config(connect_timeout=10, read_timeout=30, retries={"mode": "standard"}),
         )
 
+    def preemption_notice(self, job_id: str) -> str:
+        """An interruption notice (spot: two minutes ahead), from the instance metadata."""
+        return "aws"
+
     def is_configured(self) -> bool:
         return boto3.Session().get_credentials() is not None
 

@@ -96,6 +96,12 @@ class ProviderAdapter:
         does not say (capacity is then found out by launching)."""
         return None
 
+    def preemption_notice(self, job_id: str) -> str | None:
+        """Where the worker learns that its machine is about to be taken away (its
+        VERI_WORKER_PREEMPTION_NOTICE: `aws`, `gcp`, `file:PATH`), or None when this provider
+        gives no warning."""
+        return None
+
     def model_problem(self, base_model: str) -> str | None:
         """Why this provider's workers could not load the hub model `base_model`, or None.
         Rented machines reach the model hub."""

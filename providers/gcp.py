@@ -60,6 +60,10 @@ class GcpProvider(ProviderAdapter):
             transport="rest",
         )
 
+    def preemption_notice(self, job_id: str) -> str:
+        """A preemption or a host-maintenance termination, from the metadata server."""
+        return "gcp"
+
     def is_configured(self) -> bool:
         return bool(settings.VERI_GCP_PROJECT) and bool(
             settings.GOOGLE_APPLICATION_CREDENTIALS or settings.VERI_GCP_API_URL

@@ -2,14 +2,17 @@
 running the worker. Instance ids are `<pid>:<start time>`, so a reused pid is never mistaken for
 the instance."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 from django.conf import settings
+from django.utils import timezone
 
 from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, ProviderAdapter
 from providers.catalog import local_provider
@@ -17,6 +20,10 @@ from providers.models import Instance
 from veri.services import deployment_id
 
 HOST_SCRIPT = Path(__file__).resolve().with_name("local_host.py")
+# local_host.py's names for the simulated preemption: the notice it watches for in its folder,
+# and where it marks a machine it took away itself.
+NOTICE_FILE = "preemption-notice.json"
+RECLAIMED_DIR = ".reclaimed"
 
 
 CONTROL_PLANE_ENV = (
@@ -109,10 +116,23 @@ class LocalProvider(ProviderAdapter):
     def instance_dir(self, job_id: str) -> Path:
         return Path(settings.VERI_LOCAL_INSTANCES_DIR) / job_id
 
+    def preemption_notice(self, job_id: str) -> str:
+        return f"file:{(self.instance_dir(job_id) / NOTICE_FILE).resolve()}"
+
+    def simulate_preemption(self, job_id: str, *, seconds: float) -> None:
+        """Warn the job's machine, as a spot market would, that it is taken away in `seconds`;
+        then its host ends it, and the instance reads as reclaimed."""
+        notice = self.instance_dir(job_id) / NOTICE_FILE
+        when = timezone.now() + timedelta(seconds=seconds)
+        staged = notice.with_suffix(".tmp")
+        staged.write_text(json.dumps({"terminates_at": when.isoformat()}))
+        staged.replace(notice)  # whole, never half-written, to the worker and the host
+
     def launch(self, spec: LaunchSpec) -> str:
         _check_control_plane(spec.api_url)
         folder = self.instance_dir(spec.job_id)
         (folder / "mnt").mkdir(parents=True, exist_ok=True)
+        (folder / NOTICE_FILE).unlink(missing_ok=True)  # an earlier run's, not this machine's
         command = [
             *settings.VERI_LOCAL_WORKER_COMMAND,
             "run",
@@ -147,10 +167,19 @@ class LocalProvider(ProviderAdapter):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        (self._reclaimed_dir() / str(host.pid)).unlink(missing_ok=True)  # a reused pid's
         return f"{host.pid}:{_start_time(host.pid)}"
 
+    def _reclaimed_dir(self) -> Path:
+        return Path(settings.VERI_LOCAL_INSTANCES_DIR) / RECLAIMED_DIR
+
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
-        return {iid: InstanceState(alive=self._alive(iid)) for iid in instance_ids}
+        found = {}
+        for iid in instance_ids:
+            alive = self._alive(iid)
+            taken = not alive and (self._reclaimed_dir() / iid.split(":")[0]).exists()
+            found[iid] = InstanceState(alive=alive, reason="reclaimed" if taken else None)
+        return found
 
     def terminate(self, instance_id: str) -> None:
         if not self._alive(instance_id):

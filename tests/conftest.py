@@ -249,20 +249,23 @@ def in_threads(count: int, work) -> list:
 
 
 def fill_volume(workspace, name: str, files: dict[str, bytes]):
-    """A volume holding `files`, put through the real upload services (start, bytes into the
-    configured store, complete)."""
+    """A volume holding `files` (created, or added to when it exists), put through the real
+    upload services (start, bytes into the configured store, complete)."""
     from volumes import services as volume_services
     from volumes.models import Upload, Volume
     from volumes.stores import get_store
 
-    volume, _ = volume_services.create_volume(workspace=workspace, name=name)
+    volume = Volume.objects.filter(workspace=workspace, name=name).first()
+    if volume is None:
+        volume, _ = volume_services.create_volume(workspace=workspace, name=name)
     started = volume_services.start_uploads(
         volume=volume,
         files=[
             volume_services.FileToUpload(path=path, size=len(data)) for path, data in files.items()
         ],
     )
-    uploads = {u.public_id: u for u in Upload.objects.filter(volume=volume)}
+    ids = [answer["upload_id"] for answer in started]
+    uploads = {u.public_id: u for u in Upload.objects.filter(volume=volume, public_id__in=ids)}
     for answer, data in zip(started, files.values(), strict=True):
         get_store().put_bytes(uploads[answer["upload_id"]].object_key, data)
     volume = Volume.objects.select_related("workspace").get(pk=volume.pk)

@@ -168,6 +168,29 @@ class WorkerHeartbeatView(WorkerView):
         return _ok(self.job, stop=stop if self.job.stop_code else None)
 
 
+class WorkerNoticeView(WorkerView):
+    class WorkerNoticeIn(serializers.Serializer):
+        source = serializers.ChoiceField(choices=["aws", "gcp", "local"])
+        terminates_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+    @extend_schema(
+        request=WorkerNoticeIn,
+        responses={200: Ack},
+        summary="The provider warned that the machine is going away",
+        examples=[
+            OpenApiExample(
+                "AWS spot interruption",
+                {"source": "aws", "terminates_at": "2026-12-03T12:02:00Z"},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        notice = self.validated(self.WorkerNoticeIn, request.data)
+        worker_services.preemption_notice(job=self.job, **notice)
+        return _ok(self.job)
+
+
 class LogLineIn(serializers.Serializer):
     seq = serializers.IntegerField(min_value=0, max_value=MAX_SEQ)
     text = LossyText(limit=MAX_LINE_CHARS)

@@ -12,15 +12,22 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 
 from worker.client import ControlPlane, ControlPlaneError, Shipper
 from worker.errors import JobFailure
+from worker.preemption import Notice, PreemptionWatch, notice_source
 from worker.volumes import mount_volumes, sha256_file
+
+# How long a paused training waits past the provider's termination time (or past the notice,
+# when the provider gave no time) before deciding the machine stays after all.
+PAUSE_AFTER_NOTICE_SECONDS = 180
 
 
 class Runner:
@@ -31,6 +38,11 @@ class Runner:
         self.http = httpx.Client(timeout=600)
         self.child: subprocess.Popen | None = None
         self.stop: dict | None = None  # the control plane asked: save a checkpoint and end
+        self.notice: Notice | None = None  # the provider warned: save a checkpoint now
+        # Signals for the training process wait until it has set its handlers (it says so with
+        # its first event) and stop once its training is over: their default action kills it.
+        self.child_signals, self.signals_waiting = "not yet", []  # → "listening" → "over"
+        self.signals_lock = threading.Lock()
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -52,6 +64,7 @@ class Runner:
                 first_seq=spec.get("log_seq_start", 0),
             ).start()
             self.say(f"[veri] worker for {self.job_id}: {spec['method']} on {spec['base_model']}")
+            self.watch_for_preemption()
             free = os.environ.get(
                 "VERI_WORKER_ASSUME_FREE_DISK_BYTES"
             )  # for nodes that misreport disk
@@ -76,8 +89,67 @@ class Runner:
         checkpoint at its next step and stops (SIGUSR1, see worker.train)."""
         self.stop = stop
         self.say(f"[veri] stopping: {stop['code']}: {stop['message']}")
+        self.signal_child(signal.SIGUSR1)
+
+    def signal_child(self, sig: int) -> None:
+        with self.signals_lock:
+            if self.child_signals == "listening" and self.child.poll() is None:
+                self.child.send_signal(sig)
+            elif self.child_signals == "not yet":
+                self.signals_waiting.append(sig)
+
+    def _child_listens(self) -> None:
+        with self.signals_lock:
+            self.child_signals = "listening"
+            for sig in self.signals_waiting:
+                self.child.send_signal(sig)
+
+    def watch_for_preemption(self) -> None:
+        check = notice_source(os.environ.get("VERI_WORKER_PREEMPTION_NOTICE"))
+        if check:
+            interval = float(os.environ.get("VERI_WORKER_NOTICE_POLL_SECONDS") or 5)
+            PreemptionWatch(check, self.on_preemption, interval).start()
+
+    def on_preemption(self, notice: Notice) -> None:
+        """The machine is going away: the training process saves a checkpoint at the end of its
+        current step (SIGUSR2, see worker.train), which is uploaded as any other; then the
+        training pauses until the machine is gone (see `_pause_after_flush`)."""
+        self.notice = notice
+        when = f" at {notice.terminates_at}" if notice.terminates_at else ""
+        self.say(
+            f"[veri] {notice.source} warned that this machine goes away{when}: saving a "
+            "checkpoint now"
+        )
+        try:
+            self.api.call("POST", "/notice", json=notice._asdict())
+        except ControlPlaneError as exc:
+            self.say(f"[veri] could not report the notice: {exc}")
+        self.signal_child(signal.SIGUSR2)
+
+    def _pause_after_flush(self, step: int) -> None:
+        """Steps trained after the flushed checkpoint would be lost with the machine, so the
+        training waits (SIGSTOP) while the machine is taken away, and the job is restarted from
+        that checkpoint elsewhere. Should the machine still be here a while after the time the
+        provider gave, the notice was wrong and the training goes on."""
+        if not self.child or self.child.poll() is not None:
+            return
+        grace = PAUSE_AFTER_NOTICE_SECONDS
+        if self.notice and self.notice.terminates_at:
+            try:
+                until = datetime.fromisoformat(self.notice.terminates_at).timestamp()
+                grace += max(0.0, until - time.time())
+            except ValueError:
+                pass
+        self.child.send_signal(signal.SIGSTOP)
+        self.say(f"[veri] checkpoint {step} holds the progress; training paused for the handover")
+        timer = threading.Timer(grace, self._resume_after_false_notice)
+        timer.daemon = True
+        timer.start()
+
+    def _resume_after_false_notice(self) -> None:
         if self.child and self.child.poll() is None:
-            self.child.send_signal(signal.SIGUSR1)
+            self.say("[veri] the machine was not taken away after all: training goes on")
+            self.child.send_signal(signal.SIGCONT)
 
     def finish(self, *, ok: bool, code: str | None = None, message: str = "") -> None:
         if self.shipper:
@@ -134,8 +206,6 @@ class Runner:
             env={**os.environ, "VERI_EVENTS_FD": str(write_fd), "PYTHONUNBUFFERED": "1"},
         )
         os.close(write_fd)
-        if self.stop:  # asked before the child could take the signal
-            child.send_signal(signal.SIGUSR1)
         outcome: dict = {}
         pump = threading.Thread(target=self._pump_output, args=(child,), daemon=True)
         pump.start()
@@ -166,7 +236,9 @@ class Runner:
 
     def _on_event(self, event: dict, outcome: dict) -> None:
         kind = event["event"]
-        if kind == "running":
+        if kind == "listening":
+            self._child_listens()
+        elif kind == "running":
             self.api.call("POST", "/status", json={"status": "running"})
         elif kind == "step":
             self.shipper.set_step(event["step"])
@@ -183,9 +255,14 @@ class Runner:
             except (JobFailure, OSError) as failure:  # the job goes on; the final upload decides
                 reason = failure.message if isinstance(failure, JobFailure) else repr(failure)
                 self.say(f"[veri] checkpoint {event['step']} was not saved: {reason}")
+            else:
+                if event.get("flush"):
+                    self._pause_after_flush(event["step"])
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
         elif kind in ("error", "finished", "stopped"):
+            with self.signals_lock:
+                self.child_signals = "over"
             outcome[kind] = event
 
     def upload_checkpoint(self, folder: Path, step: int, remote: str, *, final: bool) -> None:

@@ -188,6 +188,7 @@ def set_adapter_base(folder: Path, spec: dict) -> None:
 
 
 STOP_ASKED = threading.Event()  # SIGUSR1 from the runner: save a checkpoint and stop
+SAVE_ASKED = threading.Event()  # SIGUSR2: the machine is going away, save a checkpoint now
 
 
 def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = None):
@@ -200,6 +201,7 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
         def __init__(self):
             self.last_tokens, self.last_time = None, time.monotonic()
             self.started, self.first_step = time.monotonic(), None
+            self.flushing = False  # the next save is the one a preemption notice asked for
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.started, self.first_step = time.monotonic(), state.global_step
@@ -214,6 +216,9 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
             if STOP_ASKED.is_set() and not control.should_training_stop:
                 control.should_save = bool(spec.get("checkpoint_every"))
                 control.should_training_stop = True
+            if SAVE_ASKED.is_set():  # saved whatever checkpoint_every says: it keeps the progress
+                SAVE_ASKED.clear()
+                control.should_save = self.flushing = True
 
         def seconds_per_step(self, step: int) -> float | None:
             done = step - (self.first_step or 0)
@@ -252,7 +257,8 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
             outbox = Path(args.output_dir).parent / "outbox" / folder.name
             shutil.rmtree(outbox, ignore_errors=True)
             shutil.copytree(folder, outbox, copy_function=link_or_copy)
-            events.emit("checkpoint", step=state.global_step, path=str(outbox))
+            events.emit("checkpoint", step=state.global_step, path=str(outbox), flush=self.flushing)
+            self.flushing = False
 
     return VeriCallback()
 
@@ -318,6 +324,40 @@ def load_model(spec: dict, lora: dict, cuda: bool):
     return model, tokenizer, peft_config
 
 
+def resumable_grpo(grpo_trainer: type) -> type:
+    """GRPOTrainer whose prompt order is a function of (seed, epoch). TRL's RepeatSampler draws
+    each epoch's order from one generator seeded once, so the order depends on how many epochs
+    this process has iterated: a run resumed in its second epoch would see the first epoch's
+    prompts again and train differently from the run it continues. The trainer tells the
+    sampler its epoch (`set_epoch`) whether it resumed or not."""
+    from trl.trainer.utils import RepeatSampler
+
+    class EpochSeededRepeatSampler(RepeatSampler):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self):
+            if self.shuffle and self.seed is not None:
+                self.generator.manual_seed(self.seed + self.epoch)
+            return super().__iter__()
+
+    class ResumableGRPOTrainer(grpo_trainer):
+        def _get_train_sampler(self, dataset=None):
+            stock = super()._get_train_sampler(dataset)
+            return EpochSeededRepeatSampler(
+                data_source=stock.data_source,
+                mini_repeat_count=stock.mini_repeat_count,
+                batch_size=stock.batch_size,
+                repeat_count=stock.repeat_count,
+                shuffle=stock.shuffle,
+                seed=stock.seed,
+            )
+
+    return ResumableGRPOTrainer
+
+
 def build_trainer(spec: dict, rows: list[dict], events: Events):
     import torch
     from datasets import Dataset
@@ -368,7 +408,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
                 temperature=hp["temperature"],
             )
             recorder = SampleRecorder(events, spec.get("samples_every") or 10)
-            trainer = GRPOTrainer(
+            trainer = resumable_grpo(GRPOTrainer)(
                 model=model,
                 reward_funcs=load_rewards(spec["reward_source"], recorder),
                 args=config,
@@ -423,8 +463,10 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 def main() -> int:
     signal.signal(signal.SIGUSR1, lambda *_: STOP_ASKED.set())
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    signal.signal(signal.SIGUSR2, lambda *_: SAVE_ASKED.set())
     events = Events()
+    events.emit("listening")
+    spec = json.loads(Path(sys.argv[1]).read_text())
     try:
         rows = load_rows(spec)
         print(f"[veri] {len(rows)} rows; loading {spec['base_model']}", flush=True)

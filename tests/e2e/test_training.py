@@ -71,8 +71,9 @@ def client_for_workspace(api_client) -> str:
 
 
 def submit(api_client, rows, **fields) -> str:
-    dataset = upload_dataset(api_client, rows)
-    body = {"dataset_id": dataset["id"], "gpu_type": "cpu", "lora": FAST_LORA} | fields
+    """Submit a job on `rows`, uploaded as its dataset (or on `dataset_id` when given)."""
+    dataset_id = fields.pop("dataset_id", None) or upload_dataset(api_client, rows)["id"]
+    body = {"dataset_id": dataset_id, "gpu_type": "cpu", "lora": FAST_LORA} | fields
     response = api_client.post("/v1/training_jobs", body, format="json")
     assert response.status_code == 201, response.json()
     return response.json()["id"]

@@ -40,6 +40,11 @@ def _alternative(job: TrainingJob, refused: str) -> str:
     return "or use: another provider once one is configured (none other is usable right now)"
 
 
+def _notice_env(adapter, job_id: str) -> dict[str, str]:
+    notice = adapter.preemption_notice(job_id)
+    return {"VERI_WORKER_PREEMPTION_NOTICE": notice} if notice else {}
+
+
 def launch_job(*, job_id: int) -> str:
     """Launch the job's instance, trying each capable zone up to `max_launch_attempts`.
     The claim (a conditional UPDATE) makes a second concurrent run a no-op."""
@@ -67,7 +72,8 @@ def launch_job(*, job_id: int) -> str:
             gpu_type=gpu.name,
             gpu_count=job.gpu_count,
             api_url=settings.VERI_PUBLIC_URL,
-            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": settings.VERI_PUBLIC_URL},
+            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": settings.VERI_PUBLIC_URL}
+            | _notice_env(adapter, job.public_id),
         )
         try:
             with _launch_lease(job.pk):

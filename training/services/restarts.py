@@ -124,41 +124,57 @@ def _restart(job: TrainingJob, instance: Instance, *, code: str, message: str) -
     return job
 
 
-# A replayed step's loss matches the earlier run's when within this much (absolute, relative).
+# A replayed step's value matches the earlier run's when within this much (absolute, relative).
 REPLAY_ABS_TOLERANCE, REPLAY_REL_TOLERANCE = 1e-3, 1e-2
+# What a replayed step must reproduce: its loss, and for GRPO, whose loss is near zero by
+# construction, the reward of the completions it sampled (the restored RNG's proof).
+REPLAYED_METRICS = ("loss", "reward")
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _matches(before: float, now: float) -> bool:
+    return abs(now - before) <= REPLAY_ABS_TOLERANCE + REPLAY_REL_TOLERANCE * abs(before)
 
 
 def verify_replay(*, job: TrainingJob, points: list[dict]) -> str | None:
     """A restarted run trains the step after its checkpoint again, which the earlier run also
-    reported: the two losses must agree, else the resume did not restore the model, optimizer,
-    RNG or data position. One `resume_verified` or `resume_mismatch` event (with an alarm) per
-    run; None until the replayed step arrives, or when the earlier run never reached it."""
+    reported: the two must agree on each of REPLAYED_METRICS both reported, else the resume did
+    not restore the model, optimizer, RNG or data position. One `resume_verified` or
+    `resume_mismatch` event (with an alarm) per run; None until the replayed step arrives, or
+    when the earlier run never reached it."""
     if job.attempt < 2 or not job.resume_from:
         return None
     step = job.resume_from.step + 1
-    now = next((p["values"].get("loss") for p in points if p["step"] == step), None)
+    now = next((p["values"] for p in points if p["step"] == step), None)
     if now is None:
         return None
-    earlier = MetricPoint.objects.filter(job=job, step=step).values_list("values", flat=True)
-    before = (earlier.first() or {}).get("loss")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (now, before)):
+    before = MetricPoint.objects.filter(job=job, step=step).values_list("values", flat=True)
+    before = before.first() or {}
+    compared = [m for m in REPLAYED_METRICS if _number(now.get(m)) and _number(before.get(m))]
+    if not compared:
         return None
     if JobEvent.objects.filter(
         job=job, type__in=["resume_verified", "resume_mismatch"], detail__attempt=job.attempt
     ).exists():
         return None
-    matches = abs(now - before) <= REPLAY_ABS_TOLERANCE + REPLAY_REL_TOLERANCE * abs(before)
-    kind = "resume_verified" if matches else "resume_mismatch"
-    detail = {"attempt": job.attempt, "step": step, "loss_before": before, "loss_now": now}
+    differing = [m for m in compared if not _matches(before[m], now[m])]
+    kind = "resume_mismatch" if differing else "resume_verified"
+    detail = {"attempt": job.attempt, "step": step}
+    for metric in compared:
+        detail |= {f"{metric}_before": before[metric], f"{metric}_now": now[metric]}
     JobEvent.objects.create(job=job, type=kind, detail=detail)
-    if not matches:
+    if differing:
+        what = ", ".join(f"{m} {now[m]:.6g} (was {before[m]:.6g})" for m in differing)
         JobEvent.objects.create(
             job=job,
             type="alarm_resume_mismatch",
             detail=detail
             | {
-                "message": f"After the restart, step {step} trained to loss {now:.6g}, not the "
-                f"{before:.6g} of the run before: the resumed run is not the same training."
+                "message": f"After the restart, step {step} trained to {what}: the resumed run "
+                "is not the same training."
             },
         )
     return kind

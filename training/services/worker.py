@@ -80,6 +80,20 @@ def report_status(*, job: TrainingJob, status: str) -> TrainingJob:
     return transition_job(job_id=job.pk, to=S.RUNNING)
 
 
+def preemption_notice(*, job: TrainingJob, source: str, terminates_at) -> None:
+    """The provider warned the worker that its machine is going away; the worker is saving a
+    checkpoint. Shown on the job once per attempt; the restart itself waits for the evidence
+    (the provider's machine gone), as a worker's word alone restarts nothing."""
+    already = JobEvent.objects.filter(
+        job=job, type="preemption_notice", detail__attempt=job.attempt
+    ).exists()
+    if not already:
+        detail = {"attempt": job.attempt, "source": source, "step": job.last_step}
+        if terminates_at:
+            detail["terminates_at"] = terminates_at.isoformat()
+        JobEvent.objects.create(job=job, type="preemption_notice", detail=detail)
+
+
 def heartbeat(*, job: TrainingJob, step: int | None) -> None:
     updates = {"last_heartbeat_at": timezone.now()}
     if step is not None:
