@@ -258,3 +258,25 @@ def test_mounted_files_are_pinned_at_submit_for_every_run(submit, cloud, workspa
     tasks.settle_job(job_id=job.pk)  # the job lets go: the old version may now leave the store
     reconcile_deleted_volumes()
     assert get_store().head(pinned_key) is None
+
+
+@pytest.mark.django_db
+def test_the_control_plane_shows_a_notice_once_per_run_and_restarts_nothing(submit, cloud):
+    job, worker = running(submit)
+    notice = {"source": "aws", "terminates_at": "2026-12-03T12:02:00Z"}
+    for _ in range(2):  # a worker that reports twice shows one notice
+        assert worker.post(w(job, "notice"), notice, format="json").status_code == 200
+    [event] = JobEvent.objects.filter(job=job, type="preemption_notice")
+    assert event.detail["source"] == "aws" and event.detail["attempt"] == 1
+    assert event.detail["terminates_at"].startswith("2026-12-03T12:02:00")
+    assert tasks.check_jobs() == {}  # the machine still answers: a notice alone restarts nothing
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+
+    for hostile in ({"source": "evil"}, {"source": "aws", "terminates_at": "soon"}, ["aws"]):
+        answer = worker.post(w(job, "notice"), hostile, format="json")
+        assert answer.status_code == 400 and answer.json()["error"]["code"], answer.json()
+    other, _ = running(submit)
+    answer = worker_client(other).post(w(job, "notice"), notice, format="json")
+    assert answer.status_code == 404  # a token reaches its own job only
+    assert JobEvent.objects.filter(type="preemption_notice").count() == 1
