@@ -81,7 +81,21 @@ class Fetcher:
                 out.write(chunk)
 
 
-def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecutor | None) -> None:
+class _Hashing:
+    """Writes through to `out`, hashing the bytes in the order they pass."""
+
+    def __init__(self, out):
+        self.out, self.digest = out, hashlib.sha256()
+
+    def write(self, chunk: bytes) -> None:
+        self.digest.update(chunk)
+        self.out.write(chunk)
+
+
+def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecutor | None) -> str:
+    """Fetch the file (a large one in ranged parts on `pool`) and return its sha256, computed
+    while it arrives rather than by reading it again afterwards: each part is hashed, in order,
+    as soon as it and those before it are on disk, while later parts are still downloading."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
     size = file["size"]
@@ -94,11 +108,29 @@ def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecut
                 out.seek(start)
                 fetcher.copy(file, out, start, min(start + PART_SIZE, size) - 1)
 
-        list(pool.map(part, range(0, size, PART_SIZE)))
+        starts = range(0, size, PART_SIZE)
+        parts = [pool.submit(part, start) for start in starts]
+        digest = hashlib.sha256()
+        try:
+            with partial.open("rb") as written:
+                for start, done in zip(starts, parts, strict=True):
+                    done.result()
+                    written.seek(start)
+                    left = min(PART_SIZE, size - start)
+                    while left and (chunk := written.read(min(CHUNK * 8, left))):
+                        digest.update(chunk)
+                        left -= len(chunk)
+        finally:
+            for pending in parts:
+                pending.cancel()
+        sha256 = digest.hexdigest()
     else:
         with partial.open("wb") as out:
-            fetcher.copy(file, out)
+            hashing = _Hashing(out)
+            fetcher.copy(file, hashing)
+        sha256 = hashing.digest.hexdigest()
     os.replace(partial, target)
+    return sha256
 
 
 def sha256_file(path: Path) -> str:
@@ -130,11 +162,13 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
     small = [f for f in volume["files"] if f["size"] <= RANGED_ABOVE]
     large = [f for f in volume["files"] if f["size"] > RANGED_ABOVE]
 
+    arrived: dict[str, str] = {}  # path → sha256 of the bytes as they arrived
+
     def fetch(file: dict, pool: ThreadPoolExecutor | None = None) -> None:
         target = dest / file["path"]
         try:
             if not (target.is_file() and target.stat().st_size == file["size"]):
-                _download(fetcher, file, target, pool)
+                arrived[file["path"]] = _download(fetcher, file, target, pool)
         except Exception as exc:  # noqa: BLE001 - every failure is named in the report
             problems[file["path"]] = f"{type(exc).__name__}: {exc}"[:300]
 
@@ -152,7 +186,9 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
                 problems[file["path"]] = "missing after sync"
             elif target.stat().st_size != file["size"]:
                 problems[file["path"]] = f"{target.stat().st_size} bytes, expected {file['size']}"
-            elif file.get("sha256") and sha256_file(target) != file["sha256"]:
+            elif file.get("sha256") and file["sha256"] != (
+                arrived.get(file["path"]) or sha256_file(target)  # one already here: read it
+            ):
                 problems[file["path"]] = "sha256 differs from the uploaded file's"
 
         list(pool.map(verify, volume["files"]))

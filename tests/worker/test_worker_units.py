@@ -157,6 +157,16 @@ def test_s3_volume_sync_verifies_what_arrived(s3_endpoint, tmp_path):
     assert incomplete.value.code == "volume_sync_incomplete"
     assert "small.txt" in incomplete.value.message and "1 of 2 files" in incomplete.value.message
 
+    # Bytes that changed in the store (same size) are caught by the hash taken as they arrive,
+    # in one piece and in ranged parts alike.
+    for path, data in blobs.items():
+        s3.put_object(Bucket="sync-test", Key=f"root/vol/{path}", Body=bytes(len(data)))
+        (mounted / path).unlink(missing_ok=True)
+    with pytest.raises(JobFailure) as corrupted:
+        sync_volume(None, volume, tmp_path, lambda _: None)
+    for path in blobs:
+        assert f"{path} (sha256 differs from the uploaded file's)" in corrupted.value.message
+
 
 def test_one_readable_progress_line_per_step():
     values = {"loss": 0.41234, "reward": 0.37, "learning_rate": 0.01, "num_tokens": 12.0}
