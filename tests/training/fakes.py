@@ -56,3 +56,9 @@ class FakeCloud(ProviderAdapter):
     def terminate(self, instance_id: str) -> None:
         self.terminated.append(instance_id)
         self.states_by_id[instance_id] = InstanceState(alive=False)
+
+
+class OtherFakeCloud(FakeCloud):
+    """A second provider we do not own, for jobs that move between providers."""
+
+    name = "vast"

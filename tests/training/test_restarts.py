@@ -8,8 +8,10 @@ import pytest
 from django.utils import timezone
 
 from billing.models import LedgerEntry, Refund
-from providers.base import InstanceState, ProviderError
+from providers import catalog
+from providers.base import CapacityError, InstanceState, ProviderError
 from providers.models import Instance
+from providers.services import get_adapter
 from tests.conftest import fill_volume, get_url
 from tests.training.conftest import drive, worker_client
 from tests.training.test_worker_and_jobs_api import upload_checkpoint, w
@@ -280,3 +282,39 @@ def test_the_control_plane_shows_a_notice_once_per_run_and_restarts_nothing(subm
     answer = worker_client(other).post(w(job, "notice"), notice, format="json")
     assert answer.status_code == 404  # a token reaches its own job only
     assert JobEvent.objects.filter(type="preemption_notice").count() == 1
+
+
+def test_a_restart_its_provider_cannot_place_moves_to_another_with_the_gpu(submit, cloud, settings):
+    settings.VERI_PROVIDER_ADAPTERS = settings.VERI_PROVIDER_ADAPTERS | {
+        "vast": "tests.training.fakes.OtherFakeCloud"
+    }
+    other = get_adapter("vast")
+    other.reset()
+    job, worker = running(submit, gpu_type="H100-80GB", region="us-east-1")
+    upload_checkpoint(worker, job, 10)
+    machine_lost(cloud, job)
+    for zone in catalog.get_provider("aws").zones["us-east-1"]:
+        cloud.outcomes[zone] = CapacityError("InsufficientInstanceCapacity")
+    assert tasks.provision_job(job_id=job.pk) == "moved to vast"
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    job.refresh_from_db()
+    assert (job.provider, job.status, job.resume_from.step) == ("vast", S.PROVISIONING, 10)
+    assert JobEvent.objects.get(job=job, type="provider_switched").detail == {
+        "from": "aws",
+        "to": "vast",
+        "attempt": 2,
+    }
+    [launch] = other.launched
+    assert launch.gpu_type == "H100-80GB" and launch.region == "us-east-1"
+
+
+def test_a_first_launch_without_capacity_fails_as_before(submit, cloud, settings):
+    settings.VERI_PROVIDER_ADAPTERS = settings.VERI_PROVIDER_ADAPTERS | {
+        "vast": "tests.training.fakes.OtherFakeCloud"
+    }
+    job = submit(gpu_type="H100-80GB", region="us-east-1")
+    for zone in catalog.get_provider("aws").zones["us-east-1"]:
+        cloud.outcomes[zone] = CapacityError("InsufficientInstanceCapacity")
+    assert tasks.provision_job(job_id=job.pk) == "CAPACITY_UNAVAILABLE"
+    job.refresh_from_db()
+    assert (job.provider, job.status) == ("aws", S.FAILED)

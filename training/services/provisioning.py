@@ -106,6 +106,8 @@ def launch_job(*, job_id: int) -> str:
                     f"{what} on {job.provider} is exhausted ({exc}). Nothing booted and "
                     f"nothing is billed. Retry in a few minutes, {_alternative(job, job.provider)}"
                 )
+                if moved := _restart_elsewhere(job):
+                    return moved
                 jobs.fail_job(job_id=job.pk, code=code, message=message)
                 return code
             tried.append(zone)
@@ -136,6 +138,8 @@ def launch_job(*, job_id: int) -> str:
         except jobs.InvalidTransition:  # cancelled or timed out while launching
             return _ended_while_launching(adapter, instance, external_id)
         return "launched"
+    if moved := _restart_elsewhere(job):
+        return moved
     jobs.fail_job(
         job_id=job.pk,
         code="CAPACITY_UNAVAILABLE",
@@ -146,6 +150,31 @@ def launch_job(*, job_id: int) -> str:
         ),
     )
     return "CAPACITY_UNAVAILABLE"
+
+
+def _restart_elsewhere(job: TrainingJob) -> str | None:
+    """A restarted job (its run lost to a platform fault) that its provider cannot place again
+    goes to another usable provider offering the same GPU in the job's region, where its volumes
+    are, rather than ending; a first launch keeps the provider the customer got at submit."""
+    if job.attempt < 2:
+        return None
+    for spec in usable_providers():
+        if spec.name == job.provider or spec.gpu(job.gpu_type) is None:
+            continue
+        if not spec.zones.get(job.region):
+            continue
+        if not TrainingJob.objects.filter(pk=job.pk, status=S.QUEUED).update(
+            provider=spec.name, launch_claimed_at=None
+        ):
+            return "not moved: the job was cancelled meanwhile"
+        JobEvent.objects.create(
+            job=job,
+            type="provider_switched",
+            detail={"from": job.provider, "to": spec.name, "attempt": job.attempt},
+        )
+        enqueue_on_commit("training.tasks.provision_job", job_id=job.pk)
+        return f"moved to {spec.name}"
+    return None
 
 
 def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str:
