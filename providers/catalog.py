@@ -106,9 +106,15 @@ CLOUD_PROVIDERS = (
 )
 
 
+# Data-parallel processes a `cpu` job may run on this machine (gloo): enough to exercise the
+# multi-GPU path without a GPU.
+LOCAL_CPU_PROCESSES = 2
+
+
 @cache
-def local_gpu_name() -> str | None:
-    """The machine's own NVIDIA GPU as `<model>-<memory>GB`, or None (no driver, no GPU)."""
+def local_gpus() -> tuple[str, int] | None:
+    """The machine's own NVIDIA GPU as `<model>-<memory>GB` and how many there are, or None (no
+    driver, no GPU)."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
@@ -124,16 +130,18 @@ def local_gpu_name() -> str | None:
     if not out:
         return None
     name, memory_mib = (part.strip() for part in out[0].split(","))
-    return f"{name.replace('NVIDIA ', '').replace(' ', '-')}-{round(int(memory_mib) / 1024)}GB"
+    gpu = f"{name.replace('NVIDIA ', '').replace(' ', '-')}-{round(int(memory_mib) / 1024)}GB"
+    return gpu, len(out)
 
 
 def local_provider() -> ProviderSpec:
     """Runs the worker on this machine, in any region: `cpu`, plus its GPU when it has one."""
     price = settings.VERI_LOCAL_PRICE_PER_HOUR
-    gpus = [GpuType("cpu", 0, price, 1, tflops=0.2)]
-    if gpu := local_gpu_name():
+    gpus = [GpuType("cpu", 0, price, LOCAL_CPU_PROCESSES, tflops=0.2)]
+    if found := local_gpus():
+        gpu, count = found
         memory = int(gpu.rsplit("-", 1)[1].removesuffix("GB"))
-        gpus.append(GpuType(gpu, memory, price, 1, tflops=100))
+        gpus.append(GpuType(gpu, memory, price, count, tflops=100))
     zones = {region.code: ("local",) for region in REGIONS if not region.coming_soon}
     return ProviderSpec(
         "local",

@@ -8,12 +8,15 @@ import os
 import platform
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +33,89 @@ from worker.volumes import mount_volumes, sha256_file
 PAUSE_AFTER_NOTICE_SECONDS = 180
 
 
+TAIL_LINES = 40  # of each rank other than 0, shown when a job fails
+LOST_RANK_GRACE_SECONDS = 10
+HARDWARE_CHECK_SECONDS = 180
+# No step for this long (or three times the median step time, when longer) with every rank
+# alive: a multi-GPU training stalled.
+STALL_SECONDS = float(os.environ.get("VERI_WORKER_STALL_SECONDS") or 600)
+
+
+def _device(job: dict) -> str:
+    return "cpu" if job["gpu_type"] == "cpu" else "cuda"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank_env(rank: int, world: int, port: int) -> dict:
+    """The training's environment for one rank, as torchrun sets it for one machine; never the
+    job token, which customer code has no use for."""
+    env = {k: v for k, v in os.environ.items() if k != "VERI_JOB_TOKEN"}
+    if world > 1:
+        env |= {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    return env
+
+
+def _how_it_ended(status: int) -> str:
+    return f"was killed by signal {-status}" if status < 0 else f"exited with {status}"
+
+
+def _keep_tail(rank: subprocess.Popen, tail: deque) -> None:
+    for raw in iter(rank.stdout.readline, b""):
+        tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+
+def check_hardware(device: str, world: int) -> str | None:
+    """Run worker.hardware on every rank (no customer code); the first problem found, or None."""
+    port = _free_port()
+    checks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "worker.hardware", device],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_rank_env(rank, world, port),
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    problems = []
+    for rank, check in enumerate(checks):
+        try:
+            output, _ = check.communicate(timeout=HARDWARE_CHECK_SECONDS)
+        except subprocess.TimeoutExpired:
+            check.kill()
+            problems.append(f"rank {rank} did not finish the check in {HARDWARE_CHECK_SECONDS} s")
+            continue
+        result = _last_json(output)
+        if result is None:
+            problems.append(f"rank {rank}'s check ended without a result: {output[-300:]!r}")
+        elif not result["ok"]:
+            problems.append(f"rank {rank}: {result['problem']}")
+    return "; ".join(problems) or None
+
+
+def _last_json(output: str) -> dict | None:
+    for line in reversed(output.splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "ok" in found:
+            return found
+    return None
+
+
 class Runner:
     def __init__(self, *, job_id: str, api_url: str, token: str, work_dir: Path, mount_root: Path):
         self.api = ControlPlane(api_url=api_url, job_id=job_id, token=token)
@@ -39,6 +125,11 @@ class Runner:
         self.child: subprocess.Popen | None = None
         self.stop: dict | None = None  # the control plane asked: save a checkpoint and end
         self.notice: Notice | None = None  # the provider warned: save a checkpoint now
+        self.ranks: list[subprocess.Popen] = []  # one training process per device; rank 0 first
+        self.lost_rank: tuple[int, int] | None = None  # (rank, exit status) of the first to die
+        self.stalled, self.paused = False, False
+        self.step_times: deque = deque(maxlen=50)
+        self.last_step: int | None = None
         # Signals for the training process wait until it has set its handlers (it says so with
         # its first event) and stop once its training is over: their default action kills it.
         self.child_signals, self.signals_waiting = "not yet", []  # → "listening" → "over"
@@ -93,8 +184,8 @@ class Runner:
 
     def signal_child(self, sig: int) -> None:
         with self.signals_lock:
-            if self.child_signals == "listening" and self.child.poll() is None:
-                self.child.send_signal(sig)
+            if self.child_signals == "listening":
+                self._signal_ranks(sig)
             elif self.child_signals == "not yet":
                 self.signals_waiting.append(sig)
 
@@ -102,7 +193,13 @@ class Runner:
         with self.signals_lock:
             self.child_signals = "listening"
             for sig in self.signals_waiting:
-                self.child.send_signal(sig)
+                self._signal_ranks(sig)
+
+    def _signal_ranks(self, sig: int) -> None:
+        """Every rank: they agree on the step to act at (see worker.train's callback)."""
+        for rank in self.ranks:
+            if rank.poll() is None:
+                rank.send_signal(sig)
 
     def watch_for_preemption(self) -> None:
         check = notice_source(os.environ.get("VERI_WORKER_PREEMPTION_NOTICE"))
@@ -140,7 +237,8 @@ class Runner:
                 grace += max(0.0, until - time.time())
             except ValueError:
                 pass
-        self.child.send_signal(signal.SIGSTOP)
+        self.paused = True
+        self._signal_ranks(signal.SIGSTOP)
         self.say(f"[veri] checkpoint {step} holds the progress; training paused for the handover")
         timer = threading.Timer(grace, self._resume_after_false_notice)
         timer.daemon = True
@@ -149,7 +247,8 @@ class Runner:
     def _resume_after_false_notice(self) -> None:
         if self.child and self.child.poll() is None:
             self.say("[veri] the machine was not taken away after all: training goes on")
-            self.child.send_signal(signal.SIGCONT)
+            self.paused = False
+            self._signal_ranks(signal.SIGCONT)
 
     def finish(self, *, ok: bool, code: str | None = None, message: str = "") -> None:
         if self.shipper:
@@ -195,38 +294,138 @@ class Runner:
                     out.write(chunk)
 
     def train(self, job: dict) -> None:
+        """Run the training, one process per device (`gpu_count`), data-parallel: rank 0
+        reports events and writes the job's log; the other ranks' last lines are kept for a
+        failure. A hardware check runs before the training and again after it failed."""
         job_file = self.work / "job.json"
         job_file.write_text(json.dumps(job))
+        world, device = job.get("gpu_count", 1), _device(job)
+        checked = world > 1 or device == "cuda"
+        if checked:
+            if problem := check_hardware(device, world):
+                raise JobFailure("hardware_error", f"the hardware check failed: {problem}")
+            self.say(f"[veri] hardware check passed: {world} {device} rank(s), devices and link")
         read_fd, write_fd = os.pipe()
-        self.child = child = subprocess.Popen(
-            [sys.executable, "-m", "worker.train", str(job_file)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=[write_fd],
-            env={**os.environ, "VERI_EVENTS_FD": str(write_fd), "PYTHONUNBUFFERED": "1"},
-        )
+        port = _free_port()
+        self.ranks = [
+            self._start_rank(rank, world, port, job_file, write_fd) for rank in range(world)
+        ]
+        self.child = self.ranks[0]
         os.close(write_fd)
         outcome: dict = {}
-        pump = threading.Thread(target=self._pump_output, args=(child,), daemon=True)
-        pump.start()
+        tails = [deque(maxlen=TAIL_LINES) for _ in range(world)]
+        readers = [threading.Thread(target=self._pump_output, args=(self.child,), daemon=True)]
+        readers += [
+            threading.Thread(target=_keep_tail, args=(self.ranks[r], tails[r]), daemon=True)
+            for r in range(1, world)
+        ]
+        if world > 1:
+            readers.append(threading.Thread(target=self._watch_ranks, daemon=True))
+        for reader in readers:
+            reader.start()
         try:
             with os.fdopen(read_fd) as events:
                 for raw in events:
                     self._on_event(json.loads(raw), outcome)
         finally:
-            if child.poll() is None and not outcome:  # the runner gave up: stop the training too
-                child.kill()
-        status = child.wait()
-        pump.join()
+            if not outcome:  # the runner gave up: stop the training too
+                self._kill_ranks()
+        statuses = [rank.wait() for rank in self.ranks]
+        self._kill_ranks()  # a rank left waiting on rank 0
+        for reader in readers:
+            reader.join()
+        failure = self._failure(outcome, statuses)
+        if failure:
+            for rank in range(1, world):
+                self.say(f"[veri] the last lines of rank {rank}:")
+                for line in tails[rank]:
+                    self.say(f"[rank {rank}] {line}")
+            if checked and (problem := check_hardware(device, world)):
+                raise JobFailure(
+                    "hardware_error",
+                    f"{failure.message}; then the hardware check failed: {problem}",
+                )
+            raise failure
+        job["final_step"] = outcome.get("finished", {}).get("step", 0)
+
+    def _start_rank(
+        self, rank: int, world: int, port: int, job_file: Path, events_fd: int
+    ) -> subprocess.Popen:
+        env = _rank_env(rank, world, port) | {"PYTHONUNBUFFERED": "1"}
+        if rank == 0:
+            env["VERI_EVENTS_FD"] = str(events_fd)
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker.train", str(job_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=[events_fd] if rank == 0 else (),
+            env=env,
+        )
+
+    def _kill_ranks(self) -> None:
+        for rank in self.ranks:
+            if rank.poll() is None:
+                rank.kill()
+
+    def _watch_ranks(self) -> None:
+        """A rank that died leaves the others waiting in a collective: after a grace period
+        (their own collective errors usually end them sooner) they are stopped, and the first
+        rank lost is what the job's error names. A training whose ranks all live but that
+        makes no progress for the stall window is stopped too, each rank's stack in the log."""
+        while any(rank.poll() is None for rank in self.ranks):
+            time.sleep(0.5)
+            lost = [(r, p.returncode) for r, p in enumerate(self.ranks) if p.returncode]
+            if lost and not self.lost_rank:
+                self.lost_rank = lost[0]
+                deadline = time.monotonic() + LOST_RANK_GRACE_SECONDS
+                while time.monotonic() < deadline and any(p.poll() is None for p in self.ranks):
+                    time.sleep(0.2)
+                self._kill_ranks()
+                return
+            if not self.paused and self._stalled():
+                self.stalled = True
+                for rank in self.ranks:  # faulthandler prints every thread's stack (worker.train)
+                    if rank.poll() is None:
+                        rank.send_signal(signal.SIGQUIT)
+                time.sleep(2)
+                self._kill_ranks()
+                return
+
+    def _stalled(self) -> bool:
+        """No step for the longer of the stall window and three times the median step time
+        (after the first step: loading a large model is not a stall)."""
+        if not self.step_times:
+            return False
+        times = list(self.step_times)
+        gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+        window = max(STALL_SECONDS, 3 * statistics.median(gaps)) if gaps else STALL_SECONDS
+        return time.monotonic() - self.step_times[-1] > window
+
+    def _failure(self, outcome: dict, statuses: list[int]) -> JobFailure | None:
         if "error" in outcome:
-            raise JobFailure(outcome["error"]["code"], outcome["error"]["message"])
+            return JobFailure(outcome["error"]["code"], outcome["error"]["message"])
         if "stopped" in outcome and self.stop:
             step = outcome["stopped"]["step"]
-            raise JobFailure(self.stop["code"], f"{self.stop['message']} Stopped at step {step}.")
-        if status != 0:
-            how = f"was killed by signal {-status}" if status < 0 else f"exited with {status}"
-            raise JobFailure("training_error", f"the training process {how}")
-        job["final_step"] = outcome.get("finished", {}).get("step", 0)
+            return JobFailure(self.stop["code"], f"{self.stop['message']} Stopped at step {step}.")
+        if self.stalled:
+            return JobFailure(
+                "training_stalled",
+                f"no training step for {int(time.monotonic() - self.step_times[-1])} s with "
+                f"all {len(self.ranks)} ranks alive (last step {self.last_step}); each rank's "
+                "stack is in the log",
+            )
+        if self.lost_rank:
+            rank, status = self.lost_rank
+            return JobFailure(
+                "distributed_error",
+                f"rank {rank} of {len(self.ranks)} {_how_it_ended(status)} while the others "
+                f"trained (last step {self.last_step}); the others were stopped",
+            )
+        if statuses[0] != 0:
+            return JobFailure(
+                "training_error", f"the training process {_how_it_ended(statuses[0])}"
+            )
+        return None
 
     def _pump_output(self, child: subprocess.Popen) -> None:
         for raw in iter(child.stdout.readline, b""):
@@ -242,6 +441,8 @@ class Runner:
             self.api.call("POST", "/status", json={"status": "running"})
         elif kind == "step":
             self.shipper.set_step(event["step"])
+            self.last_step = event["step"]
+            self.step_times.append(time.monotonic())
         elif kind == "metrics":
             self.shipper.metrics(event["step"], event["values"])
         elif kind == "samples":

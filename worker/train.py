@@ -6,9 +6,11 @@ descriptor in VERI_EVENTS_FD; its stdout and stderr are the job's log. Any failu
 `error` event carrying a catalog code, and exit status 1.
 """
 
+import faulthandler
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -191,6 +193,21 @@ STOP_ASKED = threading.Event()  # SIGUSR1 from the runner: save a checkpoint and
 SAVE_ASKED = threading.Event()  # SIGUSR2: the machine is going away, save a checkpoint now
 
 
+def agreed(*flags: bool) -> list[bool]:
+    """Each flag as set on any rank, for every rank: the runner's signals reach the ranks at
+    slightly different steps, and a save or a stop must happen at the same step on all of them
+    (a save alone on one rank would leave the others waiting in a collective)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(flags)
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    votes = torch.tensor([float(flag) for flag in flags], device=device)
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+    return [bool(vote) for vote in votes.tolist()]
+
+
 def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = None):
     from transformers import TrainerCallback
 
@@ -213,10 +230,11 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
 
         def on_step_end(self, args, state, control, **kwargs):
             events.emit("step", step=state.global_step)
-            if STOP_ASKED.is_set() and not control.should_training_stop:
+            stop, save = agreed(STOP_ASKED.is_set(), SAVE_ASKED.is_set())
+            if stop and not control.should_training_stop:
                 control.should_save = bool(spec.get("checkpoint_every"))
                 control.should_training_stop = True
-            if SAVE_ASKED.is_set():  # saved whatever checkpoint_every says: it keeps the progress
+            if save:  # saved whatever checkpoint_every says: it keeps the progress
                 SAVE_ASKED.clear()
                 control.should_save = self.flushing = True
 
@@ -250,6 +268,8 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
                 events.emit("metrics", step=state.global_step, values=values)
 
         def on_save(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             set_adapter_base(folder, spec)
             # The trainer deletes old checkpoints (save_total_limit) while the runner may still be
@@ -368,14 +388,16 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
     model, tokenizer, peft_config = load_model(spec, lora, cuda)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # batch_size is the global batch: across the devices, and accumulated to.
+    world = int(os.environ.get("WORLD_SIZE", 1))
     batch = hp["batch_size"]
-    micro = hp.get("micro_batch_size") or batch
+    micro = hp.get("micro_batch_size") or max(1, batch // world)
     common = {
         "output_dir": spec["output_dir"],
         "learning_rate": hp["learning_rate"],
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": hp.get("gradient_accumulation_steps")
-        or max(1, batch // micro),
+        or max(1, batch // (micro * world)),
         "warmup_steps": hp.get("warmup_ratio", 0.0),  # a float below 1 is a ratio of all steps
         "weight_decay": hp.get("weight_decay", 0.0),
         "lr_scheduler_type": hp.get("lr_scheduler", "linear"),
@@ -446,6 +468,14 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
     return trainer, tokenizer
 
 
+# What torch.distributed raises when a peer is gone or a collective cannot complete.
+DISTRIBUTED_FAULT = re.compile(
+    r"nccl|gloo|ProcessGroup|Connection closed by peer|Connection reset by peer|"
+    r"collective operation timeout|rendezvous|DistBackendError",
+    re.IGNORECASE,
+)
+
+
 def classify(exc: BaseException) -> tuple[str, str]:
     """The catalog code for an exception raised while loading or training."""
     if isinstance(exc, JobFailure):
@@ -454,6 +484,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
     if cause:
         return cause.code, cause.message
     text = f"{type(exc).__name__}: {exc}"
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and DISTRIBUTED_FAULT.search(text):
+        return "distributed_error", f"the devices stopped talking to each other ({text})"[:2000]
     if "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower():
         return "oom", f"the GPU ran out of memory ({text})"
     if isinstance(exc, ImportError):
@@ -464,6 +496,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
 def main() -> int:
     signal.signal(signal.SIGUSR1, lambda *_: STOP_ASKED.set())
     signal.signal(signal.SIGUSR2, lambda *_: SAVE_ASKED.set())
+    # A stalled multi-GPU training is ended with SIGQUIT: each rank's stack goes to its log.
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     events = Events()
     events.emit("listening")
     spec = json.loads(Path(sys.argv[1]).read_text())

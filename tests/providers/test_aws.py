@@ -121,6 +121,24 @@ def test_a_job_launches_a_tagged_instance_with_the_bootstrap_and_cancel_terminat
     )
 
 
+@pytest.mark.parametrize(
+    ("gpu_type", "gpu_count", "expected"),
+    [
+        ("L4-24GB", 4, "g6.12xlarge"),
+        ("A10G-24GB", 8, "g5.48xlarge"),
+        ("H100-80GB", 8, "p5.48xlarge"),
+    ],
+)
+def test_multi_gpu_shapes_launch_their_instance_types(
+    ec2, api_client, sft_dataset, s3_endpoint, gpu_type, gpu_count, expected
+):
+    job = submit_aws(api_client, sft_dataset, gpu_type=gpu_type, gpu_count=gpu_count)
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    [instance] = instances(s3_endpoint)
+    assert instance["InstanceType"] == expected
+    assert Instance.objects.get(job=job).gpu_count == gpu_count
+
+
 def test_a_zone_without_capacity_moves_the_launch_to_the_next_zone(
     ec2, api_client, sft_dataset, s3_endpoint
 ):

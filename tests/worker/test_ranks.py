@@ -1,0 +1,44 @@
+"""The multi-GPU pieces that need no training: the hardware check across ranks (gloo on CPU),
+a missing device, and the runner refusing to start training on hardware that failed it."""
+
+import pytest
+
+from worker.errors import JobFailure
+from worker.runner import Runner, check_hardware
+from worker.train import classify
+
+
+def test_the_check_passes_on_two_cpu_ranks_linked_by_gloo():
+    assert check_hardware("cpu", 2) is None
+
+
+def test_missing_gpus_fail_the_check_on_every_rank():
+    problem = check_hardware("cuda", 2)  # this machine has none
+    assert problem == (
+        "rank 0: 2 GPUs expected on this machine, 0 present; "
+        "rank 1: 2 GPUs expected on this machine, 0 present"
+    )
+
+
+def test_a_failed_check_is_a_hardware_error_before_any_customer_code(tmp_path):
+    runner = Runner(
+        job_id="job_x",
+        api_url="http://127.0.0.1:9",
+        token="t",
+        work_dir=tmp_path,
+        mount_root=tmp_path,
+    )
+    job = {"gpu_type": "L4-24GB", "gpu_count": 2, "reward_source": "raise SystemExit(3)"}
+    with pytest.raises(JobFailure) as failed:
+        runner.train(job)
+    assert failed.value.code == "hardware_error"
+    assert "0 present" in failed.value.message
+    assert runner.ranks == []  # no training process was started
+
+
+def test_collective_faults_are_distributed_errors_on_several_ranks(monkeypatch):
+    fault = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    assert classify(fault)[0] == "training_error"  # one process: no peers to lose
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert classify(fault)[0] == "distributed_error"
+    assert classify(ValueError("bad reward"))[0] == "training_error"
