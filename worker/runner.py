@@ -71,6 +71,16 @@ def _how_it_ended(status: int) -> str:
     return f"was killed by signal {-status}" if status < 0 else f"exited with {status}"
 
 
+def _wait_or_kill(rank: subprocess.Popen) -> int:
+    """A rank's exit status; one still running once rank 0 has ended is waiting for it in a
+    collective that will never come: stopped after a grace period."""
+    try:
+        return rank.wait(timeout=LOST_RANK_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        rank.kill()
+        return rank.wait()
+
+
 def _keep_tail(rank: subprocess.Popen, tail: deque) -> None:
     for raw in iter(rank.stdout.readline, b""):
         tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
@@ -127,11 +137,11 @@ class Runner:
         self.notice: Notice | None = None  # the provider warned: save a checkpoint now
         self.ranks: list[subprocess.Popen] = []  # one training process per device; rank 0 first
         self.lost_rank: tuple[int, int] | None = None  # (rank, exit status) of the first to die
-        self.stalled, self.paused = False, False
+        self.stalled, self.paused, self.saving = False, False, False
         self.step_times: deque = deque(maxlen=50)
         self.last_step: int | None = None
-        # Signals for the training process wait until it has set its handlers (it says so with
-        # its first event) and stop once its training is over: their default action kills it.
+        # Signals for the training processes wait until they have set their handlers (training
+        # has begun on every rank) and stop once training is over: their default action kills.
         self.child_signals, self.signals_waiting = "not yet", []  # → "listening" → "over"
         self.signals_lock = threading.Lock()
 
@@ -330,8 +340,7 @@ class Runner:
         finally:
             if not outcome:  # the runner gave up: stop the training too
                 self._kill_ranks()
-        statuses = [rank.wait() for rank in self.ranks]
-        self._kill_ranks()  # a rank left waiting on rank 0
+        statuses = [self.child.wait(), *map(_wait_or_kill, self.ranks[1:])]
         for reader in readers:
             reader.join()
         failure = self._failure(outcome, statuses)
@@ -382,7 +391,7 @@ class Runner:
                     time.sleep(0.2)
                 self._kill_ranks()
                 return
-            if not self.paused and self._stalled():
+            if not (self.paused or self.saving) and self._stalled():
                 self.stalled = True
                 for rank in self.ranks:  # faulthandler prints every thread's stack (worker.train)
                     if rank.poll() is None:
@@ -435,19 +444,22 @@ class Runner:
 
     def _on_event(self, event: dict, outcome: dict) -> None:
         kind = event["event"]
-        if kind == "listening":
+        if kind == "running":
             self._child_listens()
-        elif kind == "running":
             self.api.call("POST", "/status", json={"status": "running"})
         elif kind == "step":
             self.shipper.set_step(event["step"])
             self.last_step = event["step"]
             self.step_times.append(time.monotonic())
+        elif kind == "saving":  # however long a save takes, it is not a stall
+            self.saving = True
         elif kind == "metrics":
             self.shipper.metrics(event["step"], event["values"])
         elif kind == "samples":
             self.shipper.samples(event["step"], event["samples"])
         elif kind == "checkpoint":
+            self.saving = False
+            self.step_times.append(time.monotonic())
             folder = Path(event["path"])
             try:
                 self.upload_checkpoint(

@@ -237,6 +237,8 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
             if save:  # saved whatever checkpoint_every says: it keeps the progress
                 SAVE_ASKED.clear()
                 control.should_save = self.flushing = True
+            if control.should_save:
+                events.emit("saving", step=state.global_step)
 
         def seconds_per_step(self, step: int) -> float | None:
             done = step - (self.first_step or 0)
@@ -499,7 +501,6 @@ def main() -> int:
     # A stalled multi-GPU training is ended with SIGQUIT: each rank's stack goes to its log.
     faulthandler.register(signal.SIGQUIT, all_threads=True)
     events = Events()
-    events.emit("listening")
     spec = json.loads(Path(sys.argv[1]).read_text())
     try:
         rows = load_rows(spec)

@@ -176,10 +176,11 @@ def test_a_job_killed_before_any_checkpoint_restarts_from_step_zero(api_client, 
         SFT_ROWS,
         base_model=TINY,
         method="sft_text",
-        hyperparameters={
+        hyperparameters={  # 16 micro-batches a step: still training when it is killed
             "learning_rate": 5e-3,
             "max_steps": 30,
-            "batch_size": 2,
+            "batch_size": 16,
+            "micro_batch_size": 1,
             "max_seq_length": 64,
         },
     )

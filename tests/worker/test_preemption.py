@@ -153,7 +153,7 @@ def test_a_pause_after_the_flush_resumes_when_the_machine_stays(tmp_path, monkey
             work_dir=tmp_path,
             mount_root=tmp_path,
         )
-        work.child, work.notice = child, Notice("local", None)
+        work.child, work.ranks, work.notice = child, [child], Notice("local", None)
         work._pause_after_flush(7)
         time.sleep(0.2)
         assert _state(child.pid) == "T"  # stopped
