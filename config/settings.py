@@ -257,6 +257,9 @@ VERI_PROVISIONING_TIMEOUT_SECONDS = int(env("VERI_PROVISIONING_TIMEOUT_SECONDS",
 VERI_LOCAL_REGISTER_TIMEOUT_SECONDS = int(env("VERI_LOCAL_REGISTER_TIMEOUT_SECONDS", "150"))
 VERI_CONFIGURING_TIMEOUT_SECONDS = int(env("VERI_CONFIGURING_TIMEOUT_SECONDS", "1800"))
 VERI_WORKER_SILENT_SECONDS = int(env("VERI_WORKER_SILENT_SECONDS", "900"))
+# A multi-GPU job making no step for the longer of this and three times its median step time,
+# its worker still answering, is training_stalled.
+VERI_STALL_SECONDS = int(env("VERI_STALL_SECONDS", "600"))
 VERI_LOG_ARCHIVE_SECONDS = int(env("VERI_LOG_ARCHIVE_SECONDS", "10"))
 # How often every provider is asked for machines tagged as ours whose job has ended.
 VERI_SWEEP_SECONDS = int(env("VERI_SWEEP_SECONDS", "300"))

@@ -92,6 +92,7 @@ class TrainingJob(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
 
     last_step = models.PositiveIntegerField(null=True, blank=True)
+    last_step_at = models.DateTimeField(null=True, blank=True)  # when last_step last went up
     # Steps recorded and each metric's first and last value, kept as points arrive (lists of jobs
     # show it without reading every point).
     metrics_summary = models.JSONField(null=True, blank=True)

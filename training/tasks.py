@@ -3,6 +3,7 @@ Each is idempotent and safe when two runs overlap."""
 
 import contextlib
 import logging
+import statistics
 import time
 import uuid
 from collections import defaultdict
@@ -17,7 +18,7 @@ from django_q.tasks import async_task
 from providers import catalog
 from providers import services as provider_services
 from providers.services import get_adapter
-from training.models import JobStatus, TrainingJob, WatchdogState
+from training.models import JobStatus, MetricPoint, TrainingJob, WatchdogState
 from training.services import jobs, logs, provisioning, restarts, stops
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,36 @@ def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] |
                 f"{settings.VERI_CONFIGURING_TIMEOUT_SECONDS} s."
             )
     silent_since = job.last_heartbeat_at or job.configuring_at or job.provisioning_at
-    return _silent_failure(job, (now - silent_since).total_seconds())
+    silent = _silent_failure(job, (now - silent_since).total_seconds())
+    if silent or job.status != S.RUNNING or job.gpu_count < 2:
+        return silent
+    return _stalled(job, now)
+
+
+def _stalled(job: TrainingJob, now: datetime) -> Fault | None:
+    """A multi-GPU job whose worker still answers but whose step has not gone up for the longer
+    of VERI_STALL_SECONDS and three times its median step time (the worker ends such a training
+    itself, with each rank's stack; this is for a worker that cannot)."""
+    if job.last_step_at is None:
+        return None  # not one step yet: loading a large model is not a stall
+    quiet = (now - job.last_step_at).total_seconds()
+    if quiet <= settings.VERI_STALL_SECONDS:
+        return None
+    times = list(
+        MetricPoint.objects.filter(job=job).order_by("-step").values_list("at", flat=True)[:21]
+    )
+    pairs = zip(times, times[1:], strict=False)
+    gaps = [(later - earlier).total_seconds() for later, earlier in pairs]
+    window = max(settings.VERI_STALL_SECONDS, 3 * statistics.median(gaps) if gaps else 0)
+    if quiet <= window:
+        return None
+    return Fault(
+        "training_stalled",
+        f"No training step for {int(quiet)} s (last step {job.last_step}) while the worker still "
+        f"answers: longer than {int(window)} s, the stall window. The log tail shows where it "
+        "waited.",
+        restart=False,
+    )
 
 
 def archive_running_logs() -> int:

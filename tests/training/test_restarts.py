@@ -318,3 +318,40 @@ def test_a_first_launch_without_capacity_fails_as_before(submit, cloud, settings
     assert tasks.provision_job(job_id=job.pk) == "CAPACITY_UNAVAILABLE"
     job.refresh_from_db()
     assert (job.provider, job.status) == ("aws", S.FAILED)
+
+
+def stepping(submit, *, gpu_count: int, gap: timedelta):
+    """A running job that made steps 1-6 `gap` apart, the last one now."""
+    job, worker = running(submit, gpu_type="L4-24GB", gpu_count=gpu_count)
+    now = timezone.now()
+    points = [
+        {"step": step, "values": {"loss": 1.0}, "at": (now - (6 - step) * gap).isoformat()}
+        for step in range(1, 7)
+    ]
+    worker.post(w(job, "metrics"), {"points": points}, format="json")
+    return job, now
+
+
+def alive_at(job, when) -> dict:
+    """The watchdog's tick at `when`, with the worker's heartbeat still fresh then."""
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=when - timedelta(seconds=5))
+    return tasks.check_jobs(now=when)
+
+
+def test_a_multi_gpu_job_without_a_step_past_the_stall_window_is_training_stalled(submit, cloud):
+    job, last_step = stepping(submit, gpu_count=4, gap=timedelta(seconds=30))
+    assert alive_at(job, last_step + timedelta(minutes=9)) == {}
+    assert alive_at(job, last_step + timedelta(minutes=11)) == {"training_stalled": 1}
+    job.refresh_from_db()
+    assert (job.status, job.error_code, job.attempt) == (S.FAILED, "training_stalled", 1)
+    assert "(last step 6) while the worker still answers" in job.error_message
+
+
+def test_a_slow_but_progressing_multi_gpu_job_is_not_stalled(submit, cloud):
+    # Five minutes a step: the window is three times that, not ten minutes.
+    job, last_step = stepping(submit, gpu_count=4, gap=timedelta(minutes=5))
+    assert alive_at(job, last_step + timedelta(minutes=14)) == {}
+    assert alive_at(job, last_step + timedelta(minutes=16)) == {"training_stalled": 1}
+    # One GPU: no stall rule (its worker's silence is what counts).
+    single, last_step = stepping(submit, gpu_count=1, gap=timedelta(seconds=30))
+    assert alive_at(single, last_step + timedelta(hours=1)) == {}

@@ -7,6 +7,7 @@ import secrets
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from training import errors
@@ -95,9 +96,14 @@ def preemption_notice(*, job: TrainingJob, source: str, terminates_at) -> None:
 
 
 def heartbeat(*, job: TrainingJob, step: int | None) -> None:
-    updates = {"last_heartbeat_at": timezone.now()}
+    now = timezone.now()
+    updates = {"last_heartbeat_at": now}
     if step is not None:
-        updates["last_step"] = step
+        went_up = Q(last_step__isnull=True) | Q(last_step__lt=step)
+        updates |= {
+            "last_step": step,
+            "last_step_at": Case(When(went_up, then=Value(now)), default=F("last_step_at")),
+        }
     TrainingJob.objects.filter(pk=job.pk).update(**updates)
 
 
@@ -124,8 +130,9 @@ def record_metrics(*, job: TrainingJob, points: list[dict]) -> int:
         summary["last_step"] = max(summary["last_step"] or 0, point.step)
     summary["steps"] += len(added)
     locked.metrics_summary = summary
-    locked.last_step = max(locked.last_step or 0, summary["last_step"])
-    locked.save(update_fields=["metrics_summary", "last_step"])
+    if summary["last_step"] > (locked.last_step or -1):
+        locked.last_step, locked.last_step_at = summary["last_step"], now
+    locked.save(update_fields=["metrics_summary", "last_step", "last_step_at"])
     alarms.check_metrics(job=job)
     return len(added)
 
