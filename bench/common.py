@@ -1,5 +1,6 @@
 """What the benchmarks share: ports, waiting for a server, timing, a moto S3 server."""
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -69,3 +70,50 @@ def new_workspace(env: dict, name: str = "bench", *options: str, migrate: bool =
         text=True,
     )
     return created.stdout.strip().splitlines()[-1]
+
+
+def embedded_env(work: Path, port: int) -> dict:
+    """The embedded default (SQLite, local store, local provider) in the folder `work`, served
+    at `port`."""
+    import os
+
+    return {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{work / 'db.sqlite3'}",
+        "VERI_STORE": f"file://{work / 'store'}",
+        "VERI_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        "VERI_LOCAL_INSTANCES_DIR": str(work / "instances"),
+        "HF_HUB_OFFLINE": "1",
+        "VERI_WATCH_PERIOD_SECONDS": "2",
+    }
+
+
+@contextlib.contextmanager
+def embedded_platform(env: dict, port: int):
+    """An API server and a qcluster on `env`, stopped on the way out."""
+    processes = [
+        subprocess.Popen(
+            [*MANAGE, "runserver", f"127.0.0.1:{port}", "--noreload"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [*MANAGE, "qcluster"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ),
+    ]
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/schema")
+        yield
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait()
+
+
+def steps_per_second(log: str) -> float:
+    """From a Veri job's log: its last progress line's mean seconds per step."""
+    import re
+
+    found = re.findall(r"^step \d+/\d+ .* ([\d.]+) s/step", log, re.MULTILINE)
+    return 1 / float(found[-1])

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import MANAGE, free_port, new_workspace, wait_for
+from bench.common import (
+    embedded_env,
+    embedded_platform,
+    free_port,
+    new_workspace,
+    steps_per_second,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 REWARD = (
@@ -94,15 +100,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="veri-overhead-"))
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{work / 'db.sqlite3'}",
-        "VERI_STORE": f"file://{work / 'store'}",
-        "VERI_PUBLIC_URL": api_url,
-        "VERI_LOCAL_INSTANCES_DIR": str(work / "instances"),
-        "HF_HUB_OFFLINE": "1",
-        "VERI_WATCH_PERIOD_SECONDS": "2",
-    }
+    env = embedded_env(work, port)
     key = new_workspace(env)
     model = work / "tiny"
     subprocess.run(
@@ -128,19 +126,7 @@ def main() -> None:
     plain_wall = time.perf_counter() - started
     plain_sps = float(re.search(r"STEPS_PER_SECOND ([\d.]+)", plain.stdout).group(1))
 
-    processes = [
-        subprocess.Popen(
-            [*MANAGE, "runserver", f"127.0.0.1:{port}", "--noreload"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ),
-        subprocess.Popen(
-            [*MANAGE, "qcluster"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        ),
-    ]
-    try:
-        wait_for(f"{api_url}/v1/schema")
+    with embedded_platform(env, port):
         from veri_sdk import Client
 
         client = Client(api_key=key, base_url=api_url)
@@ -168,11 +154,7 @@ def main() -> None:
             f"{api_url}/v1/training_jobs/{job.id}/logs/full",
             headers={"Authorization": f"Bearer {key}"},
         ).text
-        veri_sps = float(re.search(r"'train_steps_per_second': '([\d.]+)'", log).group(1))
-    finally:
-        for process in processes:
-            process.terminate()
-            process.wait()
+        veri_sps = steps_per_second(log)
     print(f"\nGRPO, {args.steps} steps, tiny Qwen2 + LoRA, CPU")
     print(f"  plain TRL script (start -> saved)    {plain_wall:7.2f} s   {plain_sps:.2f} steps/s")
     print(f"  Veri job (register -> completed)     {veri_wall:7.2f} s   {veri_sps:.2f} steps/s")
