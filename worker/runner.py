@@ -381,9 +381,12 @@ class Runner:
         (their own collective errors usually end them sooner) they are stopped, and the first
         rank lost is what the job's error names. A training whose ranks all live but that
         makes no progress for the stall window is stopped too, each rank's stack in the log."""
-        while any(rank.poll() is None for rank in self.ranks):
+        while True:
             time.sleep(0.5)
-            lost = [(r, p.returncode) for r, p in enumerate(self.ranks) if p.returncode]
+            ended = [rank.poll() for rank in self.ranks]  # every rank's, each time
+            if None not in ended:
+                return
+            lost = [(r, status) for r, status in enumerate(ended) if status]
             if lost and not self.lost_rank:
                 self.lost_rank = lost[0]
                 deadline = time.monotonic() + LOST_RANK_GRACE_SECONDS

@@ -42,3 +42,30 @@ def test_collective_faults_are_distributed_errors_on_several_ranks(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert classify(fault)[0] == "distributed_error"
     assert classify(ValueError("bad reward"))[0] == "training_error"
+
+
+def test_a_lost_rank_is_named_and_the_rank_left_waiting_is_stopped(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from worker import runner
+
+    monkeypatch.setattr(runner, "LOST_RANK_GRACE_SECONDS", 0.5)
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dying = subprocess.Popen([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+    work = Runner(
+        job_id="job_x",
+        api_url="http://127.0.0.1:9",
+        token="t",
+        work_dir=tmp_path,
+        mount_root=tmp_path,
+    )
+    work.ranks, work.last_step = [waiting, dying], 7
+    work._watch_ranks()
+    assert waiting.wait(timeout=5) == -9  # stopped, not left waiting for ever
+    failure = work._failure({}, [waiting.returncode, dying.returncode])
+    assert (failure.code, failure.message) == (
+        "distributed_error",
+        "rank 1 of 2 was killed by signal 9 while the others trained (last step 7); the others "
+        "were stopped",
+    )
