@@ -99,12 +99,14 @@ def assert_replay_verified(job: TrainingJob, step: int) -> dict:
     return verified.detail
 
 
-def test_a_killed_sft_machine_resumes_at_its_checkpoint_on_its_pinned_inputs(
+def test_killed_sft_machines_resume_at_their_checkpoint_on_pinned_inputs_or_from_zero(
     api_client,
     platform,  # noqa: F811
     workspace,
 ):
-    platform(VERI_WATCH_PERIOD_SECONDS="1")
+    """Two jobs side by side: one killed after its second checkpoint, with its dataset replaced
+    in the volume meanwhile; one killed before any checkpoint."""
+    platform(VERI_WATCH_PERIOD_SECONDS="1", VERI_LOCAL_SLOTS="2")
     rows = "".join(json.dumps(row) + "\n" for row in SFT_ROWS * 4).encode()
     fill_volume(workspace, "corpus", {"train.jsonl": rows})
     dataset = api_client.post(
@@ -112,40 +114,77 @@ def test_a_killed_sft_machine_resumes_at_its_checkpoint_on_its_pinned_inputs(
         {"source": "volume", "volume": "corpus", "path": "train.jsonl"},
         format="json",
     ).json()
-    job_id = submit(
+    slow = {  # 16 micro-batches a step: slow enough to be caught between checkpoints
+        "learning_rate": 5e-3,
+        "max_steps": 40,
+        "batch_size": 16,
+        "micro_batch_size": 1,
+        "max_seq_length": 64,
+    }
+    pinned = submit(
         api_client,
         [],
         dataset_id=dataset["id"],
         base_model=TINY,
         method="sft_text",
         checkpoint_every=8,
-        hyperparameters={  # 16 micro-batches a step: slow enough to be caught between checkpoints
-            "learning_rate": 5e-3,
-            "max_steps": 40,
-            "batch_size": 16,
-            "micro_batch_size": 1,
-            "max_seq_length": 64,
-        },
+        hyperparameters=slow,
     )
-    wait_for(lambda: Checkpoint.objects.filter(job__public_id=job_id).exists(), 300, "a checkpoint")
+    no_checkpoint = submit(
+        api_client, SFT_ROWS, base_model=TINY, method="sft_text", hyperparameters=slow
+    )
+    wait_for(
+        lambda: MetricPoint.objects.filter(job__public_id=no_checkpoint, step__gte=3).exists(),
+        300,
+        "step 3",
+    )
+    os.killpg(host_pid(no_checkpoint), signal.SIGKILL)
+    wait_for(lambda: Checkpoint.objects.filter(job__public_id=pinned).exists(), 300, "a checkpoint")
     # Replaced while the job runs with a file no run could train on: a restart that read the
     # volume rather than the job's pinned inputs would fail with invalid_dataset.
     fill_volume(workspace, "corpus", {"train.jsonl": b"not json\n"})
-    newest = kill_machine_after_checkpoints(job_id, count=2)
+    newest = kill_machine_after_checkpoints(pinned, count=2)
 
     job, full = assert_restarted_once_and_completed(
-        api_client, job_id, cause="worker_failed", from_step=newest
+        api_client, pinned, cause="worker_failed", from_step=newest
     )
     assert f"at step {newest}" in full
     assert_replay_verified(job, newest + 1)
-    assert api_client.get(f"/v1/training_jobs/{job_id}").json()["restarts"][0][
-        "checkpoint_step"
-    ] == (newest)
+    restarts = api_client.get(f"/v1/training_jobs/{pinned}").json()["restarts"]
+    assert restarts[0]["checkpoint_step"] == newest
+
+    job, full = assert_restarted_once_and_completed(
+        api_client, no_checkpoint, cause="worker_failed", from_step=0
+    )
+    assert "resuming from" not in full
+    assert job.attempts.get().kept_micros == 0  # nothing kept: all of that run is credited
+    assert not JobEvent.objects.filter(job=job, type__startswith="resume_").exists()
 
 
-def test_a_killed_grpo_machine_resumes_at_its_checkpoint(api_client, platform):  # noqa: F811
-    platform(VERI_WATCH_PERIOD_SECONDS="1")
-    job_id = submit(
+def test_a_killed_grpo_machine_and_a_preempted_dpo_one_resume_where_they_were(
+    api_client,
+    platform,  # noqa: F811
+    settings,
+):
+    """Side by side: a GRPO job's machine killed after its second checkpoint; a DPO job (no
+    checkpoint_every) warned of a preemption, whose checkpoint is then the notice's."""
+    platform(
+        VERI_WATCH_PERIOD_SECONDS="1", VERI_WORKER_NOTICE_POLL_SECONDS="0.5", VERI_LOCAL_SLOTS="2"
+    )
+    settings.VERI_LOCAL_INSTANCES_DIR = str(platform.instances)
+    dpo = submit(
+        api_client,
+        DPO_ROWS,
+        base_model=TINY,
+        method="dpo",
+        hyperparameters={
+            "learning_rate": 5e-3,
+            "max_steps": 300,
+            "batch_size": 2,
+            "max_seq_length": 64,
+        },
+    )
+    grpo = submit(
         api_client,
         GRPO_ROWS,
         base_model=TINY,
@@ -161,77 +200,27 @@ def test_a_killed_grpo_machine_resumes_at_its_checkpoint(api_client, platform): 
             "kl_coef": 0.0,
         },
     )
-    newest = kill_machine_after_checkpoints(job_id, count=2)
-    job, _ = assert_restarted_once_and_completed(
-        api_client, job_id, cause="worker_failed", from_step=newest
-    )
-    replayed = assert_replay_verified(job, newest + 1)
-    assert "reward_now" in replayed  # the same completions sampled again: the RNG was restored
-
-
-def test_a_job_killed_before_any_checkpoint_restarts_from_step_zero(api_client, platform):  # noqa: F811
-    platform(VERI_WATCH_PERIOD_SECONDS="1")
-    job_id = submit(
-        api_client,
-        SFT_ROWS,
-        base_model=TINY,
-        method="sft_text",
-        hyperparameters={  # 16 micro-batches a step: still training when it is killed
-            "learning_rate": 5e-3,
-            "max_steps": 30,
-            "batch_size": 16,
-            "micro_batch_size": 1,
-            "max_seq_length": 64,
-        },
-    )
     wait_for(
-        lambda: MetricPoint.objects.filter(job__public_id=job_id, step__gte=3).exists(),
-        300,
-        "step 3",
+        lambda: MetricPoint.objects.filter(job__public_id=dpo, step__gte=3).exists(), 300, "step 3"
     )
-    os.killpg(host_pid(job_id), signal.SIGKILL)
-    job, full = assert_restarted_once_and_completed(
-        api_client, job_id, cause="worker_failed", from_step=0
-    )
-    assert "resuming from" not in full
-    assert job.attempts.get().kept_micros == 0  # nothing kept: all of that run is credited
-    assert not JobEvent.objects.filter(job=job, type__startswith="resume_").exists()
-
-
-def test_a_preemption_notice_saves_a_checkpoint_and_the_job_moves_on(
-    api_client,
-    platform,  # noqa: F811
-    settings,
-):
-    platform(VERI_WATCH_PERIOD_SECONDS="1", VERI_WORKER_NOTICE_POLL_SECONDS="0.5")
-    settings.VERI_LOCAL_INSTANCES_DIR = str(platform.instances)
-    job_id = submit(
-        api_client,
-        DPO_ROWS,
-        base_model=TINY,
-        method="dpo",  # no checkpoint_every: the notice's checkpoint is the only one
-        hyperparameters={
-            "learning_rate": 5e-3,
-            "max_steps": 300,
-            "batch_size": 2,
-            "max_seq_length": 64,
-        },
-    )
-    wait_for(
-        lambda: MetricPoint.objects.filter(job__public_id=job_id, step__gte=3).exists(),
-        300,
-        "step 3",
-    )
-    call_command("simulate_preemption", job_id, seconds=10)
+    call_command("simulate_preemption", dpo, seconds=10)
+    newest = kill_machine_after_checkpoints(grpo, count=2)
     flushed = wait_for(
         lambda: (
-            Checkpoint.objects.filter(job__public_id=job_id).values_list("step", flat=True).first()
+            Checkpoint.objects.filter(job__public_id=dpo).values_list("step", flat=True).first()
         ),
         30,
         "the notice's checkpoint",
     )
+
+    job, _ = assert_restarted_once_and_completed(
+        api_client, grpo, cause="worker_failed", from_step=newest
+    )
+    replayed = assert_replay_verified(job, newest + 1)
+    assert "reward_now" in replayed  # the same completions sampled again: the RNG was restored
+
     job, full = assert_restarted_once_and_completed(
-        api_client, job_id, cause="provider_reclaimed", from_step=flushed
+        api_client, dpo, cause="provider_reclaimed", from_step=flushed
     )
     [notice] = JobEvent.objects.filter(job=job, type="preemption_notice")
     assert notice.detail["source"] == "local" and notice.detail["terminates_at"]
