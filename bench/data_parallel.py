@@ -32,7 +32,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="veri-dp-"))
     port = free_port()
     env = embedded_env(work, port) | {"VERI_LOCAL_SLOTS": "1"}
-    key = new_workspace(env)
+    key = new_workspace(env, "bench", "--credit", "100")
     model = work / "tiny"
     subprocess.run(
         [sys.executable, "-m", "worker.tinymodel", str(model)], env=env, check=True, cwd=REPO

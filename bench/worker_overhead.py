@@ -101,7 +101,7 @@ def main() -> None:
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
     env = embedded_env(work, port)
-    key = new_workspace(env)
+    key = new_workspace(env, "bench", "--credit", "100")
     model = work / "tiny"
     subprocess.run(
         [sys.executable, "-m", "worker.tinymodel", str(model)],
@@ -130,9 +130,11 @@ def main() -> None:
         from veri_sdk import Client
 
         client = Client(api_key=key, base_url=api_url)
+        client.volumes.create("models")
+        client.volumes.upload_dir("models", model, prefix="tiny")
         dataset = client.datasets.upload(data)
         job = client.training_jobs.create(
-            base_model=str(model),
+            base_model="volume://models/tiny",
             dataset_id=dataset.id,
             method="grpo",
             reward_source=REWARD,
