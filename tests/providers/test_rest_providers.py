@@ -54,8 +54,9 @@ def data(api_client, billed, settings, local_store_url):
     return upload_dataset(api_client, [{"text": f"row {i}"} for i in range(4)])
 
 
-def submit(api_client, data, provider: str, gpu_type: str) -> TrainingJob:
+def submit(api_client, data, provider: str, gpu_type: str, gpu_count: int = 1) -> TrainingJob:
     body = {
+        "gpu_count": gpu_count,
         "base_model": "Qwen/Qwen2.5-0.5B",
         "dataset_id": data["id"],
         "method": "sft_text",
@@ -92,6 +93,22 @@ def test_digitalocean_launches_a_tagged_droplet_and_cancel_deletes_it_once(
     assert len(digitalocean.calls("DELETE", r"/v2/droplets/\d+")) == 1
     assert digitalocean.droplets == {}
     assert not adapter.states([instance.external_id])[instance.external_id].alive
+
+
+def test_multi_gpu_shapes_launch_their_droplet_size_and_vast_offer(
+    digitalocean, vast, api_client, data
+):
+    submit(api_client, data, "digitalocean", "H100-80GB", gpu_count=8)
+    [body] = digitalocean.calls("POST", "/v2/droplets")
+    assert (body["size"], body["image"]) == ("gpu-h100x8-640gb", "gpu-h100x8-base")
+
+    vast.add_offer("RTX 4090", 1, "Texas, US", 0.30)  # one GPU: not the shape asked for
+    eight = vast.add_offer("RTX 4090", 8, "Texas, US", 2.40)
+    job = submit(api_client, data, "vast", "RTX4090-24GB", gpu_count=8)
+    assert job.status == "provisioning", (job.error_code, job.error_message)
+    [search] = vast.calls("POST", "/api/v0/bundles/")
+    assert search["num_gpus"] == {"eq": 8}
+    assert [p for m, p, _ in vast.requests if m == "PUT"] == [f"/api/v0/asks/{eight}/"]
 
 
 @pytest.mark.parametrize(
