@@ -419,6 +419,8 @@ class Runner:
         if "stopped" in outcome and self.stop:
             step = outcome["stopped"]["step"]
             return JobFailure(self.stop["code"], f"{self.stop['message']} Stopped at step {step}.")
+        if "finished" in outcome and statuses[0] == 0:
+            return None  # the model is saved; a rank stopped after that changes nothing
         if self.stalled:
             return JobFailure(
                 "training_stalled",
