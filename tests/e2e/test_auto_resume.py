@@ -23,6 +23,7 @@ from tests.e2e.test_training import (  # noqa: F401 - platform is a fixture
     TINY,
     platform,
     submit,
+    training_processes,
     wait_settled,
 )
 from training.models import Checkpoint, JobEvent, MetricPoint, TrainingJob
@@ -41,32 +42,37 @@ def host_pid(job_id: str) -> int:
 
 
 def kill_machine_after_checkpoints(job_id: str, count: int) -> int:
-    """Kill the job's whole local machine once `count` checkpoints are registered and the control
-    plane has the step after the newest (what the restarted run replays); returns that
-    checkpoint's step. The machine is frozen while this is checked, so nothing lands between
-    the check and the kill."""
+    """Kill the job's whole local machine once it has `count` checkpoints and the control plane
+    has the step after the newest (what the restarted run replays); returns that checkpoint's
+    step. The training is frozen first, so that the worker catches up (uploads what was saved,
+    ships what was logged) and nothing lands between the check and the kill."""
     job = TrainingJob.objects.get(public_id=job_id)
 
-    def newest_with_next_step() -> int | None:
+    def checkpoints() -> list[int]:
         job.refresh_from_db()
         assert job.finished_at is None, f"the job ended ({job.status}) before it could be killed"
-        steps = list(Checkpoint.objects.filter(job=job, final=False).values_list("step", flat=True))
-        if len(steps) < count:
-            return None
-        newest = max(steps)
-        return newest if MetricPoint.objects.filter(job=job, step=newest + 1).exists() else None
+        return sorted(
+            Checkpoint.objects.filter(job=job, final=False).values_list("step", flat=True)
+        )
 
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        wait_for(newest_with_next_step, 300, f"{count} checkpoints and the step after the newest")
-        pid = host_pid(job_id)
-        os.killpg(pid, signal.SIGSTOP)
-        time.sleep(1)  # requests already in flight land
-        if newest := newest_with_next_step():
-            os.killpg(pid, signal.SIGKILL)  # the machine is gone, worker and all
-            return newest
-        os.killpg(pid, signal.SIGCONT)
-    raise AssertionError("never caught the job between checkpoints")
+    wait_for(lambda: len(checkpoints()) >= count, 300, f"{count} checkpoints")
+    for _ in range(20):
+        training = training_processes(job_id)
+        for pid in training.values():
+            os.kill(pid, signal.SIGSTOP)
+        caught_up = time.monotonic() + 15
+        while time.monotonic() < caught_up:
+            time.sleep(1)
+            newest = checkpoints()[-1]
+            if MetricPoint.objects.filter(job=job, step=newest + 1).exists():
+                time.sleep(1)  # a checkpoint upload still in flight lands, or not, now
+                if checkpoints()[-1] == newest:
+                    os.killpg(host_pid(job_id), signal.SIGKILL)  # the machine, worker and all
+                    return newest
+        for pid in training.values():  # frozen right at a checkpoint: one more step
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.3)
+    raise AssertionError("never caught the job with the step after its checkpoint reported")
 
 
 def assert_restarted_once_and_completed(api_client, job_id: str, *, cause: str, from_step: int):
@@ -104,8 +110,8 @@ def test_killed_sft_machines_resume_at_their_checkpoint_on_pinned_inputs_or_from
     platform,  # noqa: F811
     workspace,
 ):
-    """Two jobs side by side: one killed after its second checkpoint, with its dataset replaced
-    in the volume meanwhile; one killed before any checkpoint."""
+    """Two jobs on one platform: one killed before any checkpoint; then one killed after its
+    second checkpoint, with its dataset replaced in the volume meanwhile."""
     platform(VERI_WATCH_PERIOD_SECONDS="1", VERI_LOCAL_SLOTS="2")
     rows = "".join(json.dumps(row) + "\n" for row in SFT_ROWS * 4).encode()
     fill_volume(workspace, "corpus", {"train.jsonl": rows})
@@ -114,22 +120,13 @@ def test_killed_sft_machines_resume_at_their_checkpoint_on_pinned_inputs_or_from
         {"source": "volume", "volume": "corpus", "path": "train.jsonl"},
         format="json",
     ).json()
-    slow = {  # 16 micro-batches a step: slow enough to be caught between checkpoints
+    slow = {  # 16 micro-batches a step: slow enough to be caught mid-run
         "learning_rate": 5e-3,
-        "max_steps": 40,
+        "max_steps": 80,
         "batch_size": 16,
         "micro_batch_size": 1,
         "max_seq_length": 64,
     }
-    pinned = submit(
-        api_client,
-        [],
-        dataset_id=dataset["id"],
-        base_model=TINY,
-        method="sft_text",
-        checkpoint_every=8,
-        hyperparameters=slow,
-    )
     no_checkpoint = submit(
         api_client, SFT_ROWS, base_model=TINY, method="sft_text", hyperparameters=slow
     )
@@ -139,6 +136,15 @@ def test_killed_sft_machines_resume_at_their_checkpoint_on_pinned_inputs_or_from
         "step 3",
     )
     os.killpg(host_pid(no_checkpoint), signal.SIGKILL)
+    pinned = submit(
+        api_client,
+        [],
+        dataset_id=dataset["id"],
+        base_model=TINY,
+        method="sft_text",
+        checkpoint_every=8,
+        hyperparameters=slow | {"max_steps": 120},
+    )
     wait_for(lambda: Checkpoint.objects.filter(job__public_id=pinned).exists(), 300, "a checkpoint")
     # Replaced while the job runs with a file no run could train on: a restart that read the
     # volume rather than the job's pinned inputs would fail with invalid_dataset.

@@ -6,11 +6,9 @@ the log."""
 import os
 import signal
 import statistics
-from pathlib import Path
 
 import pytest
 
-from providers.models import Instance
 from tests.conftest import wait_for
 from tests.e2e.test_training import (  # noqa: F401 - platform is a fixture
     GRPO_ROWS,
@@ -22,29 +20,12 @@ from tests.e2e.test_training import (  # noqa: F401 - platform is a fixture
     metric_series,
     platform,
     submit,
+    training_processes,
     wait_settled,
 )
 from training.models import MetricPoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
-
-
-def rank_pid(job_id: str, rank: int) -> int:
-    """The training process of `rank` on the job's local machine."""
-    host = int(Instance.objects.get(job__public_id=job_id).external_id.split(":")[0])
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            session = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
-        except (OSError, ValueError, IndexError):
-            continue
-        if session == host and f"RANK={rank}".encode() in environ:
-            cmdline = (proc / "cmdline").read_bytes()
-            if b"worker.train" in cmdline:
-                return int(proc.name)
-    raise AssertionError(f"no rank {rank} on {job_id}'s machine")
 
 
 def test_two_cpu_processes_train_sft_and_grpo_data_parallel(
@@ -131,7 +112,9 @@ def test_a_killed_rank_is_a_distributed_error_and_a_hung_one_a_stall(
             300,
             f"{job_id} at step 2",
         )
-        os.kill(rank_pid(job_id, 1), sent)  # SIGSTOP: alive, but never in the next collective
+        os.kill(
+            training_processes(job_id)[1], sent
+        )  # SIGSTOP: alive, but never in the next collective
 
     job = wait_settled(killed, timeout=200)
     assert (job.status, job.error_code, job.error_attribution) == (

@@ -79,6 +79,25 @@ def submit(api_client, rows, **fields) -> str:
     return response.json()["id"]
 
 
+def training_processes(job_id: str) -> dict[int, int]:
+    """The training processes (`worker.train`) on the job's local machine: {rank: pid}."""
+    host = int(Instance.objects.get(job__public_id=job_id).external_id.split(":")[0])
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            session = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if session == host and b"worker.train" in cmdline:
+            rank = next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), 0)
+            found[rank] = int(proc.name)
+    return found
+
+
 def wait_settled(job_id: str, timeout: float = 240) -> TrainingJob:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
