@@ -138,6 +138,7 @@ class Runner:
         self.ranks: list[subprocess.Popen] = []  # one training process per device; rank 0 first
         self.lost_rank: tuple[int, int] | None = None  # (rank, exit status) of the first to die
         self.stalled, self.paused, self.saving = False, False, False
+        self.flushed: int | None = None  # the preemption's checkpoint, until the pause
         self.step_times: deque = deque(maxlen=50)
         self.last_step: int | None = None
         # Signals for the training processes wait until they have set their handlers (training
@@ -219,8 +220,9 @@ class Runner:
 
     def on_preemption(self, notice: Notice) -> None:
         """The machine is going away: the training process saves a checkpoint at the end of its
-        current step (SIGUSR2, see worker.train), which is uploaded as any other; then the
-        training pauses until the machine is gone (see `_pause_after_flush`)."""
+        current step (SIGUSR2, see worker.train), which is uploaded as any other; once the step
+        after it is reported, the training pauses until the machine is gone (see
+        `_pause_after_flush`)."""
         self.notice = notice
         when = f" at {notice.terminates_at}" if notice.terminates_at else ""
         self.say(
@@ -460,6 +462,9 @@ class Runner:
             self.saving = True
         elif kind == "metrics":
             self.shipper.metrics(event["step"], event["values"])
+            if self.flushed is not None and event["step"] > self.flushed:
+                self._pause_after_flush(self.flushed)
+                self.flushed = None
         elif kind == "samples":
             self.shipper.samples(event["step"], event["samples"])
         elif kind == "checkpoint":
@@ -475,7 +480,9 @@ class Runner:
                 self.say(f"[veri] checkpoint {event['step']} was not saved: {reason}")
             else:
                 if event.get("flush"):
-                    self._pause_after_flush(event["step"])
+                    # Paused once the next step is reported too: the restarted run replays that
+                    # step, and its check needs this run's value of it.
+                    self.flushed = event["step"]
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
         elif kind in ("error", "finished", "stopped"):
