@@ -139,12 +139,17 @@ def _keystream(nonce: bytes, length: int) -> bytes:
     return b"".join(blocks)[:length]
 
 
-def _encode_cursor(value) -> str:
+def _cursor_list(queryset: QuerySet, name: str) -> str:
+    """Which list a cursor belongs to: one list's position means nothing in another's order."""
+    return f"{queryset.model._meta.label_lower}.{name}"
+
+
+def _encode_cursor(list_name: str, value) -> str:
     """The position after a page, sealed: encrypted (a row's id would tell how many rows all
     workspaces made meanwhile) and authenticated (a cursor we did not give out is refused)."""
     if isinstance(value, datetime):
         value = value.isoformat()
-    plain, nonce = json.dumps(value).encode(), secrets.token_bytes(12)
+    plain, nonce = json.dumps([list_name, value]).encode(), secrets.token_bytes(12)
     body = nonce + bytes(a ^ b for a, b in zip(plain, _keystream(nonce, len(plain)), strict=True))
     tag = hmac.new(_cursor_key(b"sign"), body, hashlib.sha256).digest()[:16]
     return base64.urlsafe_b64encode(body + tag).decode().rstrip("=")
@@ -160,18 +165,20 @@ def _open_cursor(cursor: str) -> bytes:
     return bytes(a ^ b for a, b in zip(sealed, _keystream(nonce, len(sealed)), strict=True))
 
 
-def _decode_cursor(cursor: str, field) -> object:
-    """The position a cursor we gave out stands for; anything else is refused."""
+def _decode_cursor(cursor: str, list_name: str, field) -> object:
+    """The position a cursor we gave out for this list stands for; anything else is refused."""
     invalid = VeriError(
         "This cursor is not one we gave out.", field="cursor", code="invalid_cursor"
     )
     if len(cursor) > MAX_CURSOR_CHARS:
         raise invalid
     try:
-        value = json.loads(_open_cursor(cursor))
-    except (ValueError, binascii.Error, RecursionError):
+        given_for, value = json.loads(_open_cursor(cursor))
+    except (ValueError, TypeError, binascii.Error, RecursionError):
         raise invalid from None
-    # Sealed by us, so it is the value we wrote: only a time needs turning back into one.
+    if given_for != list_name:
+        raise invalid
+    # Sealed by us for this list, so it is the value we wrote: only a time needs turning back.
     return datetime.fromisoformat(value) if isinstance(field, DateTimeField) else value
 
 
@@ -189,11 +196,15 @@ def paginate(
     name = order_by.lstrip("-")
     if cursor := request.query_params.get("cursor"):
         field = queryset.model._meta.pk if name == "pk" else queryset.model._meta.get_field(name)
-        after = _decode_cursor(cursor, field)
+        after = _decode_cursor(cursor, _cursor_list(queryset, name), field)
         queryset = queryset.filter(
             **{f"{name}__{'lt' if order_by.startswith('-') else 'gt'}": after}
         )
     rows = list(queryset.order_by(order_by)[: limit + 1])
-    next_cursor = _encode_cursor(getattr(rows[limit - 1], name)) if len(rows) > limit else None
+    next_cursor = (
+        _encode_cursor(_cursor_list(queryset, name), getattr(rows[limit - 1], name))
+        if len(rows) > limit
+        else None
+    )
     data = serializer_class(rows[:limit], many=True, context={"request": request}).data
     return Response({"data": data, "next_cursor": next_cursor})

@@ -10,10 +10,11 @@ import pytest
 from django.test import RequestFactory
 from django.utils import timezone
 
+from billing.services import add_credit
 from tests.conftest import assert_error, fill_volume
 from tests.training.conftest import GRPO_ROWS, job_body, upload_dataset, worker_client
 from training import tasks
-from training.models import Checkpoint, Dataset, LogChunk, MetricPoint, TrainingJob
+from training.models import Checkpoint, Dataset, LogChunk, MetricPoint, Sample, TrainingJob
 from volumes.models import Upload, UsageSnapshot, Volume
 from volumes.stores.local_view import LocalStoreView
 
@@ -299,3 +300,48 @@ def test_cursors_are_sealed_and_tell_nothing_of_other_workspaces(api_client, wor
     assert api_client.get("/v1/volumes", {"cursor": cursor, "limit": 1}).status_code == 200
     forged = cursor[:-2] + ("A" if cursor[-2] != "A" else "B") + cursor[-1]
     assert_error(api_client.get("/v1/volumes", {"cursor": forged}), 400, "invalid_cursor")
+
+
+def test_a_cursor_given_out_by_one_list_is_refused_by_every_other(api_client, workspace, launched):
+    """Each list seals which list its cursor is for: one list's position sent to another (an id
+    where a path or an hour belongs) used to reach the database and answer 500."""
+    job, worker = launched
+    volume = fill_volume(workspace, "corpus", {"a.txt": b"a", "b.txt": b"b"})
+    fill_volume(workspace, "other", {"c.txt": b"c"})
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    for hours in range(2):
+        UsageSnapshot.objects.create(
+            volume=volume,
+            volume_ref=volume.public_id,
+            workspace=workspace,
+            hour=hour - timedelta(hours=hours),
+            file_count=2,
+            total_bytes=2,
+        )
+    api_client.post("/v1/training_jobs", job_body(upload_dataset(api_client, GRPO_ROWS)), "json")
+    for step in (1, 2):
+        MetricPoint.objects.create(job=job, step=step, at=timezone.now(), values={"loss": 1.0})
+        Checkpoint.objects.create(workspace=workspace, job=job, step=step)
+        Sample.objects.create(job=job, step=step, index=0, prompt="p", completion="c", reward=0.0)
+    add_credit(workspace=workspace, amount_micros=1, reason="test", key="cursor-test")
+    lists = [
+        "/v1/volumes",
+        f"/v1/volumes/{volume.public_id}/files",
+        f"/v1/volumes/{volume.public_id}/usage",
+        "/v1/datasets",
+        "/v1/training_jobs",
+        f"/v1/training_jobs/{job.public_id}/events",
+        f"/v1/training_jobs/{job.public_id}/metrics",
+        f"/v1/training_jobs/{job.public_id}/checkpoints",
+        f"/v1/training_jobs/{job.public_id}/samples",
+        "/v1/billing/ledger",
+    ]
+    cursors = {url: api_client.get(url, {"limit": 1}).json()["next_cursor"] for url in lists}
+    assert all(cursors.values()), cursors
+    for url in lists:
+        for given_by, cursor in cursors.items():
+            answer = api_client.get(url, {"cursor": cursor, "limit": 1})
+            if given_by == url:
+                assert answer.status_code == 200, (url, answer.content)
+            else:
+                assert_error(answer, 400, "invalid_cursor", "cursor")
