@@ -54,10 +54,9 @@ class LedgerEntry(models.Model):
     # Named after what the entry pays for (`job_charge:<job pk>`): a second write of it fails.
     idempotency_key = models.CharField(max_length=200, unique=True)
     job = models.ForeignKey("training.TrainingJob", on_delete=models.PROTECT, null=True, blank=True)
-    volume = models.ForeignKey(
-        "volumes.Volume", on_delete=models.SET_NULL, null=True, blank=True, db_constraint=False
-    )
-    volume_ref = models.CharField(max_length=40, blank=True)  # the volume's id, kept after delete
+    # The volume's public id, not a foreign key: deleting a volume must not touch its charges
+    # (a cascade would UPDATE ledger rows, which the database refuses).
+    volume_ref = models.CharField(max_length=40, blank=True)
     refund = models.ForeignKey("Refund", on_delete=models.PROTECT, null=True, blank=True)
     description = models.CharField(max_length=300, blank=True)
     created_by = models.ForeignKey(
@@ -68,6 +67,9 @@ class LedgerEntry(models.Model):
     objects = LedgerQuerySet.as_manager()
 
     class Meta:
+        # Django's deletion cascades and related lookups use the base manager: this one refuses
+        # bulk updates and deletes too.
+        base_manager_name = "objects"
         verbose_name_plural = "ledger entries"
         indexes = [models.Index(fields=["workspace", "-id"])]
 
@@ -77,6 +79,8 @@ class LedgerEntry(models.Model):
     def save(self, *args, **kwargs):
         if not self._state.adding:
             raise AppendOnly("Ledger entries cannot be updated.")
+        # Never an UPDATE, even for a new instance given an existing pk.
+        kwargs["force_insert"] = True
         super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):

@@ -17,7 +17,7 @@ from training import errors
 from training.models import JobEvent, TrainingJob
 from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
-from volumes.models import UsageSnapshot, Volume
+from volumes.models import UsageSnapshot
 
 MICROS = 1_000_000
 K = LedgerEntry.Kind
@@ -58,7 +58,7 @@ def record_entry(
     key: str,
     description: str = "",
     job: TrainingJob | None = None,
-    volume=None,
+    volume_ref: str = "",
     refund: Refund | None = None,
     created_by=None,
 ) -> tuple[LedgerEntry, bool]:
@@ -73,8 +73,7 @@ def record_entry(
                 idempotency_key=key,
                 description=description[:300],
                 job=job,
-                volume=volume,
-                volume_ref=volume.public_id if volume else "",
+                volume_ref=volume_ref,
                 refund=refund,
                 created_by=created_by,
             )
@@ -461,7 +460,7 @@ def charge_storage(*, day) -> int:
             kind=K.STORAGE_CHARGE,
             amount_micros=-micros,
             key=f"storage_charge:{row['volume_ref']}:{day.isoformat()}",
-            volume=Volume.objects.filter(public_id=row["volume_ref"]).first(),
+            volume_ref=row["volume_ref"],
             description=f"storage of {row['volume_ref']} on {day.isoformat()}",
         )
         charged += created

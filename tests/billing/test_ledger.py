@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection, transaction
-from django.db.utils import DatabaseError
+from django.db.utils import DatabaseError, IntegrityError
 from django.utils import timezone
 
 from billing import services
@@ -142,6 +142,14 @@ def test_the_ledger_is_append_only(submit, billed):
         LedgerEntry.objects.filter(pk=entry.pk).update(amount_micros=1)
     with pytest.raises(AppendOnly):
         LedgerEntry.objects.filter(pk=entry.pk).delete()
+    # Deletion cascades and related lookups go through the base manager: it refuses too.
+    with pytest.raises(AppendOnly):
+        LedgerEntry._base_manager.filter(pk=entry.pk).update(amount_micros=1)
+    # A new instance given an existing row's key is an insert that fails, never an update.
+    twin = LedgerEntry(pk=entry.pk, workspace=billed, kind="adjustment", amount_micros=1)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        twin.save()
+    assert LedgerEntry.objects.get(pk=entry.pk).amount_micros != 1
 
 
 @postgres_only

@@ -6,16 +6,14 @@ import hashlib
 import hmac
 import json
 import time
-from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
 from billing import services, tasks
 from billing.models import LedgerEntry, StripeMirror
-from tests.conftest import assert_error, fill_volume
+from tests.conftest import assert_error
 from tests.stripe_fake import SECRET
 from veri.models import Workspace
-from volumes.models import UsageSnapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -162,29 +160,6 @@ def test_the_ledger_is_mirrored_to_the_stripe_balance_once(billed, stripe_api):
     credit = next(r for r in transactions if r["body"]["amount"] == ["-1234"])
     assert credit["key"].startswith("veri-ledger-")
     assert StripeMirror.objects.count() == entries
-
-
-def test_storage_is_charged_daily_per_volume_once(api_client, billed):
-    volume = fill_volume(billed, "corpus", {"a.bin": b"x"})
-    day = date(2026, 11, 30)
-    start = datetime(2026, 11, 30, tzinfo=UTC)
-    for hour in range(24):
-        UsageSnapshot.objects.create(
-            volume=volume,
-            volume_ref=volume.public_id,
-            workspace=billed,
-            hour=start + timedelta(hours=hour),
-            file_count=1,
-            total_bytes=100 * 1024**3,  # 100 GiB all day
-        )
-    assert services.charge_storage(day=day) == 1
-    assert services.charge_storage(day=day) == 0
-    [entry] = LedgerEntry.objects.filter(kind="storage_charge")
-    # 100 GiB for 24 of a month's 730 hours at 0.07 USD per GiB-month
-    assert entry.amount_micros == -int(100 * 24 * 70_000 / 730)
-    assert entry.volume_ref == volume.public_id
-    ledger = api_client.get("/v1/billing/ledger").json()["data"]
-    assert ledger[0]["kind"] == "storage_charge" and ledger[0]["volume_id"] == volume.public_id
 
 
 def test_low_balance_is_below_a_day_of_recent_spend(api_client, billed):
