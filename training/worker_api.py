@@ -271,9 +271,11 @@ class WorkerOutputCredentialsView(WorkerView):
     class WorkerOutputCredentialsIn(serializers.Serializer):
         """`files` (each with the sha256 the store will hold the upload to), or bare `paths`."""
 
-        files = OutputFileIn(many=True, required=False, allow_empty=False, max_length=1000)
+        files = serializers.ListField(
+            child=OutputFileIn(), required=False, allow_empty=False, min_length=1, max_length=1000
+        )
         paths = serializers.ListField(
-            child=PlainString(), required=False, allow_empty=False, max_length=1000
+            child=PlainString(), required=False, allow_empty=False, min_length=1, max_length=1000
         )
 
         def validate(self, data):
@@ -303,8 +305,12 @@ class WorkerOutputCredentialsView(WorkerView):
     )
     def post(self, request: Request, job_id: str) -> Response:
         data = self.validated(self.WorkerOutputCredentialsIn, request.data)
-        files = data.get("files") or [{"path": path, "sha256": ""} for path in data["paths"]]
-        return Response({"files": worker_services.output_urls(job=self.job, files=files)})
+        if "files" in data:
+            urls = worker_services.output_urls(job=self.job, files=data["files"])
+        else:
+            files = [{"path": path, "sha256": ""} for path in data["paths"]]
+            urls = worker_services.output_urls(job=self.job, files=files, sent_as="paths")
+        return Response({"files": urls})
 
 
 class CheckpointFileIn(serializers.Serializer):
@@ -317,7 +323,9 @@ class WorkerCheckpointsView(WorkerView):
     class WorkerCheckpointsIn(serializers.Serializer):
         step = serializers.IntegerField(min_value=0, max_value=MAX_CHECKPOINT_STEP)
         final = serializers.BooleanField(default=False)
-        files = CheckpointFileIn(many=True, allow_empty=False, max_length=10_000)
+        files = serializers.ListField(
+            child=CheckpointFileIn(), allow_empty=False, min_length=1, max_length=10_000
+        )
 
     @extend_schema(
         request=WorkerCheckpointsIn,

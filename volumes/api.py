@@ -67,7 +67,10 @@ class Batch(serializers.ListField):
 
     def __init__(self, item: type[serializers.Serializer], **kwargs):
         self.item = item
-        super().__init__(child=item(), allow_empty=False, max_length=BATCH_LIMIT, **kwargs)
+        # min_length as well as allow_empty: the schema's minItems comes from min_length alone.
+        super().__init__(
+            child=item(), allow_empty=False, min_length=1, max_length=BATCH_LIMIT, **kwargs
+        )
 
     def to_internal_value(self, data):
         if isinstance(data, list) and not data:
@@ -170,10 +173,12 @@ class VolumeFilesView(VolumeScopedView):
         parameters=(OpenApiParameter("prefix", str, description="only paths starting with it"),),
     )
     def get(self, request: Request, volume_id: str) -> Response:
-        files = selectors.list_files(
-            volume=self.volume(volume_id), prefix=request.query_params.get("prefix", "")
+        volume, prefix = self.volume(volume_id), request.query_params.get("prefix", "")
+        if prefix:  # the start of a path (a folder may end in "/"): held to the path rules
+            services.validate_path(prefix.removesuffix("/"), field="prefix")
+        return paginate(
+            request, selectors.list_files(volume=volume, prefix=prefix), FileOut, order_by="path"
         )
-        return paginate(request, files, FileOut, order_by="path")
 
     @extend_schema(
         request=FileIn,

@@ -64,6 +64,11 @@ def test_customer_upload_paths_are_refused(store_kind, api_client, workspace, pa
         "/v1/datasets", {"source": "volume", "volume": "corpus", "path": path}, format="json"
     )
     assert_error(dataset, 400, "invalid_path", "path")
+    listing = api_client.get(f"/v1/volumes/{volume.public_id}/files", {"prefix": path})
+    if "\x00" in path:  # in a URL a NUL is refused before any view
+        assert_error(listing, 400, "invalid_request")
+    else:
+        assert_error(listing, 400, "invalid_path", "prefix")
     assert Upload.objects.filter(volume=volume).count() == 1  # fill_volume's own
     assert list(VolumeFile.objects.values_list("path", flat=True)) == ["ok.txt"]
     assert not Dataset.objects.exists()
@@ -74,9 +79,8 @@ def test_submit_refuses_a_hostile_base_model_path(store_kind, api_client, billed
     fill_volume(billed, "models", {"tiny/config.json": b"{}"})
     dataset = upload_dataset(api_client, GRPO_ROWS)
     body = job_body(dataset, base_model=f"volume://models/{path}")
-    assert_error(
-        api_client.post("/v1/training_jobs", body, format="json"), 400, "invalid_path", "base_model"
-    )
+    for url in ("/v1/training_jobs", "/v1/training_jobs/quote"):
+        assert_error(api_client.post(url, body, format="json"), 400, "invalid_path", "base_model")
     assert not TrainingJob.objects.exists()
 
 
@@ -87,6 +91,10 @@ def test_worker_paths_are_refused(job_on_store, path):
     for sent in (path, f"final/{path}", f"checkpoints/step-00000001/{path}"):
         answer = worker.post(f"{base}/output-credentials", {"paths": [sent]}, format="json")
         assert_error(answer, 400, "invalid_path", "paths.0")
+        # The form the worker sends: files with the sha256 the store will hold them to.
+        files = [{"path": "final/ok.bin", "sha256": "0" * 64}, {"path": sent, "sha256": "0" * 64}]
+        answer = worker.post(f"{base}/output-credentials", {"files": files}, format="json")
+        assert_error(answer, 400, "invalid_path", "files.1.path")
     for final in (False, True):
         answer = worker.post(
             f"{base}/checkpoints",

@@ -295,12 +295,16 @@ def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
     return {"ttl_seconds": ttl, "volumes": answer}
 
 
-def output_urls(*, job: TrainingJob, files: list[dict], ttl: int = 3600) -> list[dict]:
+def output_urls(
+    *, job: TrainingJob, files: list[dict], sent_as: str = "files", ttl: int = 3600
+) -> list[dict]:
     """Presigned PUTs for the worker's checkpoint and final-model files (`{path, sha256}`), each
     checked by `validate_output_path` and by the store opened on the job's own folder. With a
-    sha256 the store itself refuses other bytes."""
+    sha256 the store itself refuses other bytes. `sent_as` names the request's field in errors:
+    `files` (objects with a path) or `paths` (bare strings)."""
     for index, file in enumerate(files):
-        validate_output_path(file["path"], field=f"paths.{index}")
+        field = f"files.{index}.path" if sent_as == "files" else f"paths.{index}"
+        validate_output_path(file["path"], field=field)
     store, answer = store_for(job.output_prefix), []
     for file in files:
         url, headers = store.presign_put(
