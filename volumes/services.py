@@ -174,13 +174,24 @@ def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict
     same size and sha256 is already stored at that path."""
     for index, file in enumerate(files):
         _validate_file(file, field_prefix=f"files.{index}." if len(files) > 1 else "")
+    threshold = settings.VERI_MULTIPART_THRESHOLD
+    part_urls = sum(math.ceil(f.size / part_size_for(f.size)) for f in files if f.size > threshold)
+    # One file may take S3's whole 10,000 parts; a batch past that would be minutes of signing
+    # and an answer of many megabytes.
+    if len(files) > 1 and part_urls > MAX_PARTS:
+        raise TooLarge(
+            f"This batch needs {part_urls} part URLs, more than {MAX_PARTS} in one answer: send "
+            "its large files on their own (POST /v1/volumes/{volume_id}/files) or fewer at once.",
+            field="files",
+            code="batch_too_large",
+        )
     stored = {
         f.path: f
         for f in VolumeFile.objects.filter(volume=volume, path__in=[f.path for f in files])
     }
     # One folder per batch, so completing it is one store listing.
     batch_folder = volume.store_prefix.child(secrets.token_hex(8))
-    threshold, store = settings.VERI_MULTIPART_THRESHOLD, store_for(volume.store_prefix)
+    store = store_for(volume.store_prefix)
     answers: list[dict | None] = []
     new_uploads = []
     for file in files:

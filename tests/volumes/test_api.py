@@ -448,3 +448,20 @@ def test_concurrent_completions_keep_counters_exact(workspace, settings, local_s
     stored = VolumeFile.objects.filter(volume=volume)
     assert volume.file_count == stored.count() == 4
     assert volume.total_bytes == sum(f.size for f in stored)
+
+
+def test_a_batch_needing_more_than_10000_part_urls_is_413(api_client, settings, local_store_url):
+    """Twenty 5 TiB files used to be signed part by part: 200,000 URLs, a minute and 60 MB."""
+    settings.VERI_STORE = local_store_url
+    volume = create_volume(api_client)
+    huge = 5 * 1024**4
+    files = [{"path": f"f{i}", "size": huge} for i in range(20)]
+    response = api_client.post(
+        f"/v1/volumes/{volume['id']}/uploads:batch", {"files": files}, format="json"
+    )
+    assert_error(response, 413, "batch_too_large", field="files")
+    assert not Upload.objects.exists()
+    alone = api_client.post(
+        f"/v1/volumes/{volume['id']}/files", {"path": "f0", "size": huge}, format="json"
+    )  # one file of S3's largest size still gets its (at most 10,000) parts
+    assert alone.status_code == 201 and len(alone.json()["parts"]) <= 10_000
