@@ -142,10 +142,14 @@ class RefundAdmin(ReadOnlyAdmin):
         description="Approve selected pending refunds (credit them)", permissions=["review"]
     )
     def approve(self, request, queryset):
-        pending = list(queryset.filter(status=Refund.Status.PENDING))
-        for refund in pending:
-            services.approve_refund(refund_id=refund.pk, reviewer=request.user)
-        self.message_user(request, f"Approved and credited {len(pending)} refund(s).")
+        done = 0
+        for refund in queryset.filter(status=Refund.Status.PENDING):
+            try:  # another operator may have decided it since the page was drawn
+                services.approve_refund(refund_id=refund.pk, reviewer=request.user)
+                done += 1
+            except VeriError as exc:
+                self.message_user(request, f"{refund.job}: {exc.message}", messages.ERROR)
+        self.message_user(request, f"Approved and credited {done} refund(s).")
 
     @admin.action(
         description="Deny selected pending refunds (asks for a reason)", permissions=["review"]
@@ -163,11 +167,16 @@ class RefundAdmin(ReadOnlyAdmin):
                 action="deny",
                 button="Deny",
             )
+        done = 0
         for refund in pending:
-            services.deny_refund(
-                refund_id=refund.pk, reviewer=request.user, reason=form.cleaned_data["reason"]
-            )
-        self.message_user(request, f"Denied {pending.count()} refund(s).")
+            try:
+                services.deny_refund(
+                    refund_id=refund.pk, reviewer=request.user, reason=form.cleaned_data["reason"]
+                )
+                done += 1
+            except VeriError as exc:
+                self.message_user(request, f"{refund.job}: {exc.message}", messages.ERROR)
+        self.message_user(request, f"Denied {done} refund(s).")
 
     @admin.action(description="Re-attribute the selected refunds' jobs", permissions=["review"])
     def reattribute(self, request, queryset):

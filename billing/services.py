@@ -251,14 +251,18 @@ def credit_lost_compute(*, job: TrainingJob) -> int:
 
 
 @transaction.atomic
-def credit_refund(*, refund_id: int, reviewer=None, reason: str = "") -> Refund:
+def credit_refund(
+    *, refund_id: int, reviewer=None, reason: str = "", reopen_denied: bool = False
+) -> Refund:
     """Pending (or approved) → credited, with one `refund_credit` entry and a `job_refunded`
-    event. A credited refund is returned as it is."""
+    event. A credited refund is returned as it is, and so is a denied one unless `reopen_denied`
+    (only an operator's re-attribution reverses a denial). The status is read under the row lock,
+    so a denial committed a moment earlier is always seen."""
     refund = Refund.objects.select_for_update().select_related("job", "workspace").get(pk=refund_id)
     if refund.status == R.CREDITED:
         return refund
-    if refund.status == R.DENIED and reviewer is None:
-        return refund  # only an operator reverses a denial (by re-attributing)
+    if refund.status == R.DENIED and not reopen_denied:
+        return refund
     now = timezone.now()
     record_entry(
         workspace=refund.workspace,
@@ -283,12 +287,16 @@ def credit_refund(*, refund_id: int, reviewer=None, reason: str = "") -> Refund:
     return refund
 
 
+@transaction.atomic
 def approve_refund(*, refund_id: int, reviewer, reason: str = "") -> Refund:
-    """The operator's approval: the credit is written in the same transaction."""
-    refund = Refund.objects.get(pk=refund_id)
+    """The operator's approval: the credit is written in the same transaction. A refund denied
+    before the approval took its lock stays denied (409)."""
+    refund = credit_refund(refund_id=refund_id, reviewer=reviewer, reason=reason)
     if refund.status == R.DENIED:
-        raise Conflict("This refund was denied; re-attribute the job to credit it.")
-    return credit_refund(refund_id=refund_id, reviewer=reviewer, reason=reason)
+        raise Conflict(
+            "This refund was denied; re-attribute the job to credit it.", code="refund_decided"
+        )
+    return refund
 
 
 @transaction.atomic
@@ -317,11 +325,14 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
         raise VeriError(f"Unknown attribution {attribution!r}.", field="attribution")
     if not reason or not reason.strip():
         raise VeriError("A re-attribution needs a reason.", field="reason")
+    reason = reason.strip()
+    # One transaction under the job's lock: two re-attributions at once, or one racing a review,
+    # apply one after the other, each seeing the refund the other left.
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().select_related("workspace").get(pk=job_id)
         if not job.error_code:
             raise Conflict(f"{job.public_id} did not fail; there is nothing to attribute.")
-        refund = Refund.objects.filter(job=job).first()
+        refund = Refund.objects.select_for_update().filter(job=job).first()
         if refund and refund.status == R.CREDITED and attribution != errors.Attribution.PLATFORM:
             raise Conflict(
                 f"{job.public_id} was already credited; correct it with an adjustment entry.",
@@ -331,7 +342,7 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
             job=job,
             from_attribution=job.error_attribution,
             to_attribution=attribution,
-            reason=reason.strip(),
+            reason=reason,
             changed_by=changed_by,
         )
         TrainingJob.objects.filter(pk=job.pk).update(error_attribution=attribution)
@@ -339,18 +350,20 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
         JobEvent.objects.create(
             job=job,
             type="attribution_changed",
-            detail={"attribution": attribution, "reason": reason.strip()},
+            detail={"attribution": attribution, "reason": reason},
         )
-    if not job.cost_micros:
-        return refund
-    if attribution == errors.Attribution.PLATFORM:
-        refund = refund or _open_refund(job)[0]
-        return credit_refund(refund_id=refund.pk, reviewer=changed_by, reason=reason.strip())
-    if attribution == errors.Attribution.CUSTOMER:
-        if refund and refund.status == R.PENDING:
-            return deny_refund(refund_id=refund.pk, reviewer=changed_by, reason=reason.strip())
-        return refund
-    return refund or _open_refund(job)[0]
+        if not job.cost_micros:
+            return refund
+        if attribution == errors.Attribution.PLATFORM:
+            refund = refund or _open_refund(job)[0]
+            return credit_refund(
+                refund_id=refund.pk, reviewer=changed_by, reason=reason, reopen_denied=True
+            )
+        if attribution == errors.Attribution.CUSTOMER:
+            if refund and refund.status == R.PENDING:
+                return deny_refund(refund_id=refund.pk, reviewer=changed_by, reason=reason)
+            return refund
+        return refund or _open_refund(job)[0]
 
 
 def add_credit(*, workspace: Workspace, amount_micros: int, reason: str, key: str, created_by=None):

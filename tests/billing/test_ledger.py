@@ -1,6 +1,8 @@
 """The ledger and the money a job moves: charges, refunds by the catalog, reviews, funds at submit,
 quotes and budget caps."""
 
+import contextlib
+import threading
 from datetime import timedelta
 
 import pytest
@@ -12,11 +14,12 @@ from django.utils import timezone
 from billing import services
 from billing.models import AppendOnly, LedgerEntry, Refund
 from providers.models import Instance
-from tests.conftest import assert_error, fill_volume, in_threads, postgres_only
+from tests.conftest import assert_error, fill_volume, in_threads, postgres_only, wait_for
 from tests.training.conftest import drive, job_body
 from training import errors, tasks
 from training.models import JobEvent, TrainingJob
 from training.services import jobs
+from veri.errors import Conflict
 
 pytestmark = pytest.mark.django_db
 L4_HOUR = 805_000  # the fake aws provider's L4, per hour, in micro-dollars
@@ -219,6 +222,115 @@ def test_settling_and_approving_twice_at_once_moves_money_once(submit, billed):
         LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
     )
     assert services.balance_micros(workspace=billed) == total
+
+
+def waiting_for_a_lock() -> bool:
+    """Whether some session waits for a lock (pg_locks is read live, unlike pg_stat_activity,
+    whose snapshot lasts the reader's transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        return cursor.fetchone()[0] > 0
+
+
+def refund_outcome(job: TrainingJob) -> tuple[str, bool, bool]:
+    """The refund's status, whether a credit was written, whether a denial was recorded."""
+    types = set(JobEvent.objects.filter(job=job).values_list("type", flat=True))
+    credited = LedgerEntry.objects.filter(job=job, kind="refund_credit").exists()
+    return Refund.objects.get(job=job).status, credited, "refund_denied" in types
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_an_approval_waiting_on_a_denial_leaves_the_refund_denied(submit, billed):
+    operator = User.objects.create_user("op", is_staff=True)
+    job = failed_after_an_hour(submit, "worker_failed")
+    refund_id = job.refund.pk
+    conflicts = []
+
+    def approve():
+        try:
+            services.approve_refund(refund_id=refund_id, reviewer=operator)
+        except Conflict as exc:
+            conflicts.append(exc)
+        finally:
+            connection.close()
+
+    approval = threading.Thread(target=approve)
+    # The denial holds the refund's row while the approval starts and waits for it.
+    with transaction.atomic():
+        Refund.objects.select_for_update().get(pk=refund_id)
+        approval.start()
+        wait_for(waiting_for_a_lock, 10, "the approval to wait for the refund's row")
+        services.deny_refund(refund_id=refund_id, reviewer=operator, reason="customer files")
+    approval.join()
+    assert refund_outcome(job) == ("denied", False, True)
+    assert len(conflicts) == 1
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_approve_and_deny_at_once_credit_or_deny_never_both(submit, billed):
+    operator = User.objects.create_user("op", is_staff=True)
+    reviewed = [failed_after_an_hour(submit, "worker_failed") for _ in range(3)]
+
+    def decide(i: int):
+        refund_id = reviewed[i // 2].refund.pk
+        with contextlib.suppress(Conflict):  # the other decision came first
+            if i % 2:
+                services.deny_refund(refund_id=refund_id, reviewer=operator, reason="theirs")
+            else:
+                services.approve_refund(refund_id=refund_id, reviewer=operator)
+
+    in_threads(2 * len(reviewed), decide)
+    for job in reviewed:
+        assert refund_outcome(job) in {("credited", True, False), ("denied", False, True)}
+    total = sum(
+        LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
+    )
+    assert services.balance_micros(workspace=billed) == total
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_reattributing_at_once_has_one_effect(submit, billed):
+    operator = User.objects.create_user("op", is_staff=True)
+    denied = failed_after_an_hour(submit, "upload_failed")
+    services.deny_refund(refund_id=denied.refund.pk, reviewer=operator, reason="customer files")
+    oom = failed_after_an_hour(submit, "oom")  # no refund row yet
+    in_threads(
+        6,
+        lambda i: services.reattribute_job(
+            job_id=(denied, oom)[i % 2].pk,
+            attribution="platform",
+            reason="store outage",
+            changed_by=operator,
+        ),
+    )
+    for job in (denied, oom):
+        assert kinds(job) == [("job_charge", -job.cost_micros), ("refund_credit", job.cost_micros)]
+        assert JobEvent.objects.filter(job=job, type="job_refunded").count() == 1
+
+    # Platform and customer at once: whichever comes second sees the first's refund, so the
+    # job ends attributed to the platform and credited either way, never customer and credited.
+    raced = failed_after_an_hour(submit, "worker_failed")
+
+    def reattribute(i: int):
+        with contextlib.suppress(Conflict):  # customer after a credit: an adjustment's job
+            services.reattribute_job(
+                job_id=raced.pk,
+                attribution=("platform", "customer")[i % 2],
+                reason="operators disagree",
+                changed_by=operator,
+            )
+
+    in_threads(2, reattribute)
+    raced.refresh_from_db()
+    assert raced.error_attribution == "platform"
+    assert Refund.objects.get(job=raced).status == "credited"
+    assert kinds(raced) == [
+        ("job_charge", -raced.cost_micros),
+        ("refund_credit", raced.cost_micros),
+    ]
 
 
 def test_submit_needs_a_balance_that_covers_the_first_hour(api_client, dataset, cloud, workspace):
