@@ -54,13 +54,15 @@ EXPECTED = {
 }
 
 
-def failed_after_an_hour(submit, code: str) -> TrainingJob:
-    """A job whose L4 ran one hour, then failed with `code`, settled by the real task."""
+def failed_after_an_hour(submit, code: str, *, settle: bool = True) -> TrainingJob:
+    """A job whose L4 ran one hour, then failed with `code`, settled by the real task unless
+    `settle` is False (the settle task is queued, not run)."""
     job = submit()
     tasks.provision_job(job_id=job.pk)
     Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=1))
     jobs.fail_job(job_id=job.pk, code=code)
-    tasks.settle_job(job_id=job.pk)
+    if settle:
+        tasks.settle_job(job_id=job.pk)
     return TrainingJob.objects.select_related("workspace").get(pk=job.pk)
 
 
@@ -209,15 +211,27 @@ def test_review_approve_deny_and_reattribute(submit, billed):
 @pytest.mark.django_db(transaction=True)
 def test_settling_and_approving_twice_at_once_moves_money_once(submit, billed):
     operator = User.objects.create_user("op", is_staff=True)
-    credited = failed_after_an_hour(submit, "provisioning_error")
-    reviewed = failed_after_an_hour(submit, "worker_failed")
-    in_threads(6, lambda i: tasks.settle_job(job_id=(credited, reviewed)[i % 2].pk))
+    credited = failed_after_an_hour(submit, "provisioning_error", settle=False)
+    reviewed = failed_after_an_hour(submit, "worker_failed", settle=False)
+    assert LedgerEntry.objects.filter(job__in=[credited, reviewed]).count() == 0
+    in_threads(8, lambda i: tasks.settle_job(job_id=(credited, reviewed)[i % 2].pk))
+    credited.refresh_from_db()
+    reviewed.refresh_from_db()
+    assert L4_HOUR <= credited.cost_micros < L4_HOUR + 1000
+    assert kinds(credited) == [
+        ("job_charge", -credited.cost_micros),
+        ("refund_credit", credited.cost_micros),
+    ]
+    assert kinds(reviewed) == [("job_charge", -reviewed.cost_micros)]
+    assert Refund.objects.get(job=reviewed).status == "pending"
+    assert JobEvent.objects.filter(job=reviewed, type="refund_pending").count() == 1
     in_threads(
         6,
         lambda i: services.approve_refund(refund_id=reviewed.refund.pk, reviewer=operator),
     )
     for job in (credited, reviewed):
         assert kinds(job) == [("job_charge", -job.cost_micros), ("refund_credit", job.cost_micros)]
+        assert JobEvent.objects.filter(job=job, type="job_refunded").count() == 1
     total = sum(
         LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
     )
