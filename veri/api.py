@@ -9,6 +9,7 @@ import secrets
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import DateTimeField, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import permissions, serializers
@@ -65,6 +66,10 @@ class HasApiKey(permissions.BasePermission):
         return isinstance(request.auth, ApiKey)
 
 
+class _WorkUndone(Exception):
+    """Rolls back a keyed request's work that ended without an answer to keep."""
+
+
 class _Replay(Exception):
     def __init__(self, record):
         self.record = record
@@ -78,6 +83,7 @@ class WorkspaceView(ValidatingView):
     permission_classes = [HasApiKey]
     workspace: Workspace
     claim = None
+    claim_work = None
 
     def initial(self, request: Request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)  # authenticates: 401 stops here
@@ -90,13 +96,36 @@ class WorkspaceView(ValidatingView):
             if outcome.replay:
                 raise _Replay(outcome.record)
             self.claim = outcome.record
+            # The work and its recorded answer commit together: a request dying between them
+            # must not leave the work done and the key open for a retry to do it again.
+            self.claim_work = transaction.atomic()
+            self.claim_work.__enter__()
+
+    def _end_claim(self, *, answer: Response | None) -> None:
+        """Commit the work with `answer` recorded for replays, or roll it back (no answer, or a
+        5xx) and release the key so that a retry does the work."""
+        claim, work, self.claim, self.claim_work = self.claim, self.claim_work, None, None
+        try:
+            if answer is not None:
+                idempotency.record_answer(
+                    record=claim, status_code=answer.status_code, body=answer.data
+                )
+        except BaseException as exc:
+            work.__exit__(type(exc), exc, exc.__traceback__)
+            idempotency.release(record=claim)
+            raise
+        if answer is None:
+            work.__exit__(_WorkUndone, _WorkUndone(), None)
+            idempotency.release(record=claim)
+        else:
+            work.__exit__(None, None, None)
 
     def dispatch(self, request, *args, **kwargs):
         try:
             return super().dispatch(request, *args, **kwargs)
         finally:
             if self.claim is not None:  # the work crashed before an answer: a retry redoes it
-                idempotency.release(record=self.claim)
+                self._end_claim(answer=None)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Replay):
@@ -106,13 +135,8 @@ class WorkspaceView(ValidatingView):
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
         if self.claim is not None:
-            if response.status_code < 500 and isinstance(response, Response):
-                idempotency.record_answer(
-                    record=self.claim, status_code=response.status_code, body=response.data
-                )
-            else:
-                idempotency.release(record=self.claim)
-            self.claim = None
+            kept = response.status_code < 500 and isinstance(response, Response)
+            self._end_claim(answer=response if kept else None)
         return response
 
     def request_fingerprint(self) -> str:

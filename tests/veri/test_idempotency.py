@@ -135,3 +135,28 @@ def test_another_file_under_the_same_name_is_another_request(
     same = api_client.post("/v1/datasets", {"file": jsonl_file()}, format="multipart", **headers)
     assert same.json() == first.json()
     assert Dataset.objects.count() == 1
+
+
+def test_a_request_dying_between_its_work_and_its_answer_leaves_no_work(
+    api_client, billed, cloud, monkeypatch
+):
+    """The work and the key's answer commit together. A request that died after the work but
+    before its answer was recorded used to leave the job made and the key free: the retry (same
+    key) made a second job."""
+    body = job_body(upload_dataset(api_client, GRPO_ROWS))
+    client = keyed_client(api_client.raw_key)
+    client.raise_request_exception = False
+    record = idempotency.record_answer
+
+    def dies(**kwargs):
+        raise ConnectionAbortedError("the process died here")
+
+    monkeypatch.setattr(idempotency, "record_answer", dies)
+    assert client.post("/v1/training_jobs", body, format="json").status_code == 500
+    assert not TrainingJob.objects.exists() and not IdempotencyRecord.objects.exists()
+    monkeypatch.setattr(idempotency, "record_answer", record)
+    first = client.post("/v1/training_jobs", body, format="json")
+    again = client.post("/v1/training_jobs", body, format="json")
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"]
+    assert TrainingJob.objects.count() == 1
