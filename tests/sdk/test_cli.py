@@ -10,7 +10,7 @@ import pytest
 from billing import services as billing
 from tests.conftest import free_port
 from veri_sdk import Client, ConnectionFailed, NotFoundError
-from veri_sdk.cli import main
+from veri_sdk.cli import main, output
 from volumes.models import Volume, VolumeFile
 from volumes.stores import get_store
 
@@ -204,7 +204,12 @@ def test_without_credentials_the_cli_says_how_to_log_in(cli, capsys, monkeypatch
     assert code == 1 and "not valid" in err and "veri login" in err
 
 
-def test_tables_never_cut_ids_or_paths(cli, capsys, settings, local_store_url, tmp_path):
+def test_tables_never_cut_ids_or_paths(
+    cli, capsys, settings, local_store_url, tmp_path, monkeypatch
+):
+    """On an 80-column terminal the other columns wrap: an id or a path is printed whole, on one
+    line (rich used to fold an id over two lines there, or cut it with an ellipsis)."""
+    monkeypatch.setattr(output.out, "width", 80)
     settings.VERI_STORE = local_store_url
     name = "a-volume-name-long-enough-to-push-an-eighty-column-table-past-its-edge"
     assert cli("volumes", "create", name, capsys=capsys)[0] == 0

@@ -2,7 +2,7 @@
 
 import time
 
-from veri_sdk.cli.output import err, out, print_json, table
+from veri_sdk.cli.output import err, out, print_json, print_table, table
 from veri_sdk.errors import NotFoundError
 from veri_sdk.training import TrainingJob
 
@@ -29,7 +29,7 @@ def show_job(job: TrainingJob) -> None:
     listing = table("", "", whole=("",))
     for name, value in rows:
         listing.add_row(name, str(value))
-    out.print(listing)
+    print_table(listing)
 
 
 def cmd_jobs_list(args, client) -> int:
@@ -45,7 +45,7 @@ def cmd_jobs_list(args, client) -> int:
         "STEP",
         "COST (USD)",
         "CREATED",
-        whole=("ID", "BASE MODEL"),
+        whole=("ID", "STATUS", "BASE MODEL"),
     )
     for job in jobs:
         listing.add_row(
@@ -57,7 +57,7 @@ def cmd_jobs_list(args, client) -> int:
             job.cost_usd or "-",
             job.created_at,
         )
-    out.print(listing)
+    print_table(listing)
     return 0
 
 
@@ -136,7 +136,7 @@ def show_quote(quote: dict) -> None:
     listing = table("ASSUMPTION", "VALUE")
     for name, value in quote["assumptions"].items():
         listing.add_row(name, str(value))
-    out.print(listing)
+    print_table(listing)
 
 
 def cmd_datasets_upload(args, client) -> int:
@@ -160,7 +160,7 @@ def cmd_datasets_list(args, client) -> int:
     for d in datasets:
         rows = "-" if d["row_count"] is None else str(d["row_count"])
         listing.add_row(d["id"], d["source"], d["name"], rows, d["created_at"])
-    out.print(listing)
+    print_table(listing)
     return 0
 
 
@@ -173,7 +173,7 @@ def cmd_regions_list(args, client) -> int:
     for region in regions:
         note = "default" if region["default"] else ("coming soon" if region["coming_soon"] else "")
         listing.add_row(region["code"], region["name"], note)
-    out.print(listing)
+    print_table(listing)
     return 0
 
 
@@ -199,7 +199,7 @@ def cmd_gpu_list(args, client) -> int:
             ", ".join(gpu["regions"]),
             last,
         )
-    out.print(listing)
+    print_table(listing)
     return 0
 
 
@@ -224,7 +224,7 @@ def cmd_billing(args, client) -> int:
             entry["job_id"] or entry["volume_id"] or "",
             entry["description"],
         )
-    out.print(listing)
+    print_table(listing)
     return 0
 
 

@@ -19,13 +19,40 @@ out = Console(width=None if sys.stdout.isatty() else 10_000)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000)
 
 
+class _Table(Table):
+    """Keeps each `whole` column at least as wide as its longest value: on a narrow terminal the
+    other columns wrap, and when the whole columns alone are wider than the terminal the table is
+    printed wider (the terminal wraps the line) rather than an id being cut or split."""
+
+    def add_row(self, *values, **kwargs) -> None:
+        super().add_row(*values, **kwargs)
+        for column, value in zip(self.columns, values, strict=False):
+            if column.no_wrap and isinstance(value, str):
+                longest = max((len(line) for line in value.splitlines()), default=0)
+                column.min_width = max(column.min_width or 0, longest)
+
+    def __rich_console__(self, console, options):
+        padding = 2  # box=None: one space each side of a column
+        needed = sum((c.min_width or 0) + padding for c in self.columns if c.no_wrap)
+        needed += sum(len(c.header) + padding for c in self.columns if not c.no_wrap)
+        if needed > options.max_width:
+            options = options.update_width(needed)
+        yield from super().__rich_console__(console, options)
+
+
 def table(*columns: str, whole: tuple[str, ...] = ()) -> Table:
-    """A plain table; the `whole` columns (ids, paths) are never cut short with an ellipsis: on a
-    narrow terminal they wrap instead."""
-    return Table(
-        *(Column(name, overflow="fold") if name in whole else Column(name) for name in columns),
+    """A plain table whose `whole` columns (ids, paths) are printed whole; other columns wrap."""
+    return _Table(
+        *(
+            Column(name, no_wrap=True) if name in whole else Column(name, overflow="fold")
+            for name in columns
+        ),
         box=None,
     )
+
+
+def print_table(listing: Table) -> None:
+    out.print(listing, crop=False)  # a line wider than the terminal is the terminal's to wrap
 
 
 def human_bytes(n: int) -> str:

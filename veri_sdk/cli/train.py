@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from veri_sdk.cli.jobs import failed, show_quote
-from veri_sdk.cli.output import err, out, table
+from veri_sdk.cli.output import err, out, print_table, table
 from veri_sdk.rewards import JOB_ATTRIBUTE
 from veri_sdk.training import Dataset
 
@@ -195,7 +195,7 @@ def report_check(report: dict) -> bool:
             call["prompts"], call["completions"], scores, strict=False
         ):
             listing.add_row(prompt[:60], completion[:60], str(score))
-        out.print(listing)
+        print_table(listing)
         out.print(f"returned a {call['returned']} in {call['seconds'] * 1000:.3g} ms")
     if error := report["error"]:
         err.print(f"The reward raised {error['type']}: {error['message']}", markup=False)

@@ -4,7 +4,15 @@ import getpass
 import threading
 from pathlib import Path
 
-from veri_sdk.cli.output import err, human_bytes, out, print_json, table, transfer_progress
+from veri_sdk.cli.output import (
+    err,
+    human_bytes,
+    out,
+    print_json,
+    print_table,
+    table,
+    transfer_progress,
+)
 from veri_sdk.config import DEFAULT_API_URL, load_config, save_config
 
 
@@ -37,7 +45,7 @@ def cmd_volumes_list(args, client) -> int:
         listing.add_row(
             v.name, v.id, v.region, str(v.file_count), human_bytes(v.total_bytes), v.created_at
         )
-    out.print(listing)
+    print_table(listing)
     return 0
 
 
@@ -49,7 +57,7 @@ def cmd_volumes_ls(args, client) -> int:
         return 0
     for f in files:
         listing.add_row(f.path, human_bytes(f.size), f.sha256[:12], f.uploaded_at)
-    out.print(listing)
+    print_table(listing)
     out.print(f"{len(files)} file(s), {human_bytes(sum(f.size for f in files))}")
     return 0
 
