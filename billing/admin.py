@@ -208,7 +208,13 @@ class RefundAdmin(ReadOnlyAdmin):
 
 @admin.register(BillingAccount)
 class BillingAccountAdmin(admin.ModelAdmin):
-    list_display = ["workspace", "balance_usd", "stripe_customer_id", "created_at"]
+    list_display = [
+        "workspace",
+        "balance_usd",
+        "stripe_customer_id",
+        "stripe_mirror_error",
+        "created_at",
+    ]
     search_fields = ["workspace__name", "workspace__public_id"]
     list_select_related = ["workspace"]
     autocomplete_fields = ["workspace"]

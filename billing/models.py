@@ -17,6 +17,8 @@ class BillingAccount(models.Model):
     # Since when the balance (less running jobs' accrued cost) has been at or below zero; past a
     # grace period the running jobs are stopped with balance_exhausted.
     exhausted_since = models.DateTimeField(null=True, blank=True)
+    # Why mirroring the ledger to Stripe last failed; cleared when an entry goes through.
+    stripe_mirror_error = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -137,10 +139,13 @@ class AttributionChange(models.Model):
 
 class StripeMirror(models.Model):
     """Which ledger entries are mirrored to the Stripe customer balance (the ledger itself is
-    never written to again)."""
+    never written to again), and the whole cents each moved there: the rounded running sum of
+    the mirrored entries less what was mirrored before, so sub-cent entries add up instead of
+    each rounding to nothing."""
 
     entry = models.OneToOneField(LedgerEntry, on_delete=models.PROTECT, related_name="mirror")
-    stripe_transaction_id = models.CharField(max_length=100)
+    amount_cents = models.BigIntegerField()  # a credit positive, as in the ledger
+    stripe_transaction_id = models.CharField(max_length=100, blank=True)  # blank: 0 cents, unsent
     mirrored_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

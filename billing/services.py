@@ -3,12 +3,13 @@
 Each entry carries an idempotency key named after what it pays for (`job_charge:<job>`), unique
 in the database: a task that runs twice, or twice at once, writes it once."""
 
+import logging
 from datetime import UTC, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Min, Sum
 from django.utils import timezone
 
 from billing import stripe_gateway
@@ -19,6 +20,7 @@ from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
 from volumes.models import UsageSnapshot
 
+log = logging.getLogger(__name__)
 MICROS = 1_000_000
 K = LedgerEntry.Kind
 R = Refund.Status
@@ -422,27 +424,71 @@ def record_top_up(*, paid: stripe_gateway.PaidCheckout) -> LedgerEntry | None:
     return entry
 
 
+def cents_half_up(micros: int) -> int:
+    """Micro-dollars as whole cents, a half cent away from zero (ROUND_HALF_UP), in integers."""
+    cents = (abs(micros) + 5_000) // 10_000
+    return cents if micros >= 0 else -cents
+
+
 def mirror_to_stripe(*, limit: int = 100) -> int:
-    """Mirror ledger entries not yet on the Stripe customer balance. Each entry is claimed with
-    SKIP LOCKED and sent with its own Stripe idempotency key, so concurrent runs send it once."""
+    """Mirror up to `limit` ledger entries to their workspaces' Stripe customer balances, each
+    in its own transaction, each workspace's oldest first. A workspace whose entry Stripe does
+    not take has the failure recorded on its account and waits for the next run; the others go
+    on. Returns how many entries were mirrored."""
     if not stripe_gateway.payments_enabled():
         return 0
+    waiting = (
+        LedgerEntry.objects.filter(mirror__isnull=True, workspace__billing_account__isnull=False)
+        .values("workspace_id")
+        .annotate(oldest=Min("pk"))
+        .order_by("oldest")
+    )
     mirrored = 0
-    with transaction.atomic():
-        entries = list(
-            LedgerEntry.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("workspace__billing_account")
-            .filter(mirror__isnull=True)
-            .order_by("pk")[:limit]
-        )
-        for entry in entries:
-            account = getattr(entry.workspace, "billing_account", None)
-            if account is None:
-                continue
-            txn = stripe_gateway.mirror_entry(account=account, entry=entry)
-            StripeMirror.objects.get_or_create(entry=entry, defaults={"stripe_transaction_id": txn})
+    for workspace_id in [row["workspace_id"] for row in waiting[:limit]]:
+        while mirrored < limit:
+            try:
+                if not _mirror_next_entry(workspace_id=workspace_id):
+                    break
+            except stripe_gateway.MirrorFailed as exc:
+                log.warning("mirroring workspace %s to Stripe failed: %s", workspace_id, exc)
+                BillingAccount.objects.filter(workspace_id=workspace_id).update(
+                    stripe_mirror_error=f"{timezone.now():%Y-%m-%d %H:%M}Z: {exc}"[:300]
+                )
+                break
             mirrored += 1
     return mirrored
+
+
+@transaction.atomic
+def _mirror_next_entry(*, workspace_id: int) -> bool:
+    """The workspace's oldest unmirrored entry, sent to Stripe as the whole cents it moves the
+    rounded running sum by (nothing is sent for 0). In order, under the account's lock: the
+    amount depends on what was mirrored before it, so a retry sends the same amount with the
+    same idempotency key. False when there is nothing to do, or another run holds the lock."""
+    account = (
+        BillingAccount.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("workspace")
+        .filter(workspace_id=workspace_id)
+        .first()
+    )
+    if account is None:
+        return False
+    entry = LedgerEntry.objects.filter(workspace_id=workspace_id, mirror__isnull=True)
+    entry = entry.order_by("pk").first()
+    if entry is None:
+        return False
+    mirrored_micros = LedgerEntry.objects.filter(
+        workspace_id=workspace_id, mirror__isnull=False
+    ).aggregate(total=Sum("amount_micros"))["total"]
+    sent_cents = StripeMirror.objects.filter(entry__workspace_id=workspace_id).aggregate(
+        total=Sum("amount_cents")
+    )["total"]
+    cents = cents_half_up((mirrored_micros or 0) + entry.amount_micros) - (sent_cents or 0)
+    txn = stripe_gateway.mirror_amount(account=account, entry=entry, cents=cents) if cents else ""
+    StripeMirror.objects.create(entry=entry, amount_cents=cents, stripe_transaction_id=txn)
+    if account.stripe_mirror_error:
+        BillingAccount.objects.filter(pk=account.pk).update(stripe_mirror_error="")
+    return True
 
 
 # Storage

@@ -16,6 +16,10 @@ class PaymentsDisabled(Exception):
     """This deployment has no Stripe key: balances are the local ledger only."""
 
 
+class MirrorFailed(Exception):
+    """Stripe did not take a balance transaction (down, refused); it is tried again later."""
+
+
 class BadSignature(Exception):
     """The webhook's body was not signed with our endpoint secret."""
 
@@ -132,17 +136,21 @@ def _dig(value, *keys: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def mirror_entry(*, account: BillingAccount, entry: LedgerEntry) -> str:
-    """The entry as a Stripe customer balance transaction (a credit there is negative); Stripe's
-    idempotency key makes a retry, or a concurrent twin, one transaction."""
-    transaction = _client().v1.customers.balance_transactions.create(
-        ensure_customer(account),
-        params={
-            "amount": -round(entry.amount_micros / 10_000),
-            "currency": "usd",
-            "description": f"{entry.kind}: {entry.description}"[:350],
-            "metadata": {"ledger_entry": str(entry.pk), "key": entry.idempotency_key},
-        },
-        options={"idempotency_key": f"veri-ledger-{entry.pk}"},
-    )
+def mirror_amount(*, account: BillingAccount, entry: LedgerEntry, cents: int) -> str:
+    """`cents` (a credit positive, as in the ledger) added to the Stripe customer balance, where a
+    credit is negative, for `entry`. Stripe's idempotency key makes a retry with the same amount,
+    or a concurrent twin, one transaction. Raises `MirrorFailed` when Stripe does not take it."""
+    try:
+        transaction = _client().v1.customers.balance_transactions.create(
+            ensure_customer(account),
+            params={
+                "amount": -cents,
+                "currency": "usd",
+                "description": f"{entry.kind}: {entry.description}"[:350],
+                "metadata": {"ledger_entry": str(entry.pk), "key": entry.idempotency_key},
+            },
+            options={"idempotency_key": f"veri-ledger-{entry.pk}"},
+        )
+    except stripe.StripeError as exc:
+        raise MirrorFailed(exc.user_message or str(exc) or type(exc).__name__) from exc
     return transaction.id

@@ -13,19 +13,25 @@ class FakeStripe(BaseHTTPRequestHandler):
 
     requests: list[dict] = []
     answers: dict[str, tuple[int, dict]] = {}
+    # Customer ids whose requests Stripe cannot serve now (503, nothing remembered for the key).
+    unavailable_for: set[str] = set()
 
     def do_POST(self):
         body = parse_qs(self.rfile.read(int(self.headers["Content-Length"] or 0)).decode())
         key = self.headers.get("Idempotency-Key")
-        FakeStripe.requests.append({"path": self.path, "body": body, "key": key})
-        if key and key in FakeStripe.answers:
+        if any(f"/customers/{c}/" in self.path for c in FakeStripe.unavailable_for):
+            status, answer = 503, {"error": {"message": "unavailable", "type": "api_error"}}
+        elif key and key in FakeStripe.answers:
             status, answer = FakeStripe.answers[key]
         else:
             status, answer = self.answer(body)
             if key:
                 FakeStripe.answers[key] = (status, answer)
+        FakeStripe.requests.append({"path": self.path, "body": body, "key": key, "status": status})
         payload = json.dumps(answer).encode()
         self.send_response(status)
+        if status == 503:
+            self.send_header("Stripe-Should-Retry", "false")  # the tests' outages outlast a retry
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()

@@ -10,9 +10,10 @@ import time
 import pytest
 
 from billing import services, tasks
-from billing.models import LedgerEntry, StripeMirror
-from tests.conftest import assert_error
+from billing.models import BillingAccount, LedgerEntry, StripeMirror
+from tests.conftest import assert_error, in_threads, postgres_only
 from tests.stripe_fake import SECRET
+from veri import services as veri_services
 from veri.models import Workspace
 
 pytestmark = pytest.mark.django_db
@@ -160,6 +161,76 @@ def test_the_ledger_is_mirrored_to_the_stripe_balance_once(billed, stripe_api):
     credit = next(r for r in transactions if r["body"]["amount"] == ["-1234"])
     assert credit["key"].startswith("veri-ledger-")
     assert StripeMirror.objects.count() == entries
+
+
+def balance_transactions(stripe_api, customer: str | None = None) -> list[dict]:
+    """The balance transactions Stripe took (answered 200), for one customer or all."""
+    return [
+        r
+        for r in stripe_api.requests
+        if r["path"].endswith("/balance_transactions")
+        and (customer is None or f"/customers/{customer}/" in r["path"])
+        and r["status"] == 200
+    ]
+
+
+def test_sub_cent_entries_reach_stripe_as_the_rounded_running_sum(billed, stripe_api):
+    for i, micros in enumerate([4_000, 4_000, 4_000, 5_000]):  # 0.4, 0.4, 0.4 and 0.5 cents
+        services.add_credit(workspace=billed, amount_micros=micros, reason="", key=f"test:{i}")
+    assert tasks.mirror_to_stripe() == 5
+    # The running sum in cents (half up): 10000, 10000.4, 10000.8, 10001.2, 10001.7 → 10002.
+    # Only its whole-cent moves are sent, and never 0.
+    sent = [r["body"]["amount"] for r in balance_transactions(stripe_api)]
+    assert sent == [["-10000"], ["-1"], ["-1"]]
+    balance = services.balance_micros(workspace=billed)
+    assert -sum(int(amount) for [amount] in sent) == services.cents_half_up(balance) == 10002
+    assert sum(StripeMirror.objects.values_list("amount_cents", flat=True)) == 10002
+
+
+def test_one_workspace_stripe_refuses_waits_and_the_others_are_mirrored(
+    billed, stripe_api, monkeypatch
+):
+    other, _ = veri_services.create_workspace(name="other")
+    services.open_billing_account(workspace=other, credit_micros=50_000_000)
+    assert tasks.mirror_to_stripe() == 2  # both opening credits; both customers exist now
+    failing = BillingAccount.objects.get(workspace=billed)
+    credits = [(other, 1), (billed, 2), (billed, 3), (other, 4)]
+    for workspace, usd in credits:
+        services.add_credit(
+            workspace=workspace, amount_micros=usd * 1_000_000, reason="", key=f"test:{usd}"
+        )
+    keys = {
+        usd: f"veri-ledger-{LedgerEntry.objects.get(idempotency_key=f'test:{usd}').pk}"
+        for _, usd in credits
+    }
+    monkeypatch.setattr(stripe_api, "unavailable_for", {failing.stripe_customer_id})
+    assert tasks.mirror_to_stripe() == 2  # the other workspace's two, each committed on its own
+    failing.refresh_from_db()
+    assert "unavailable" in failing.stripe_mirror_error
+    assert not StripeMirror.objects.filter(entry__idempotency_key__in=["test:2", "test:3"])
+    monkeypatch.setattr(stripe_api, "unavailable_for", set())
+    assert tasks.mirror_to_stripe() == 2  # the refused ones, on the next run
+    assert tasks.mirror_to_stripe() == 0
+    failing.refresh_from_db()
+    assert failing.stripe_mirror_error == ""
+    sent = [r["key"] for r in stripe_api.requests if r["path"].endswith("balance_transactions")]
+    assert [sent.count(keys[usd]) for usd in (1, 2, 3, 4)] == [1, 2, 1, 1]
+    for workspace in (billed, other):
+        customer = BillingAccount.objects.get(workspace=workspace).stripe_customer_id
+        amounts = [int(r["body"]["amount"][0]) for r in balance_transactions(stripe_api, customer)]
+        assert -sum(amounts) == services.cents_half_up(services.balance_micros(workspace=workspace))
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_mirroring_runs_at_once_send_each_entry_once(billed, stripe_api):
+    for i in range(6):
+        services.add_credit(workspace=billed, amount_micros=1_234_567, reason="", key=f"test:{i}")
+    assert sum(in_threads(4, lambda i: tasks.mirror_to_stripe())) == 7
+    sent = [r["key"] for r in stripe_api.requests if r["path"].endswith("balance_transactions")]
+    assert len(sent) == len(set(sent)) == 7
+    amounts = [int(r["body"]["amount"][0]) for r in balance_transactions(stripe_api)]
+    assert -sum(amounts) == services.cents_half_up(services.balance_micros(workspace=billed))
 
 
 def test_low_balance_is_below_a_day_of_recent_spend(api_client, billed):
