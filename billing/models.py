@@ -76,7 +76,7 @@ class LedgerEntry(models.Model):
         indexes = [models.Index(fields=["workspace", "-id"])]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.amount_micros / 1e6:+.6f} USD ({self.idempotency_key})"
+        return f"{self.kind} {self.amount_micros:+} micro-USD ({self.idempotency_key})"
 
     def save(self, *args, **kwargs):
         if not self._state.adding:

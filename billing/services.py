@@ -511,7 +511,7 @@ def charge_storage(*, day) -> int:
     )
     charged = 0
     for row in usage:
-        micros = int(row["byte_hours"] * price / GIB / HOURS_PER_MONTH)
+        micros = row["byte_hours"] * price // (GIB * HOURS_PER_MONTH)
         if micros <= 0:
             continue
         _, created = record_entry(

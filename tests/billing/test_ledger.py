@@ -100,6 +100,16 @@ def test_each_failure_moves_exactly_the_money_the_catalog_says(submit, api_clien
     assert ("job_refunded" in types) == (refund_status == "credited")
 
 
+def test_compute_is_priced_in_integers():
+    start = timezone.now()
+    ran = timedelta(days=6, seconds=44_795, microseconds=102_000)
+    # 563,195.102 s at 3.60 USD an hour is exactly 563.195102 USD (floats lost the last micro).
+    assert jobs.compute_micros(price_per_hour_micros=3_600_000, start=start, end=start + ran) == (
+        563_195_102
+    )
+    assert jobs.compute_micros(price_per_hour_micros=805_000, start=start, end=start - ran) == 0
+
+
 def test_a_completed_job_is_charged_once_and_the_balance_is_the_sum(submit, billed):
     before = services.balance_micros(workspace=billed)
     job = submit()

@@ -41,7 +41,7 @@ def test_storage_is_charged_daily_per_volume_once(api_client, volume):
     assert services.charge_storage(day=DAY) == 0
     [entry] = LedgerEntry.objects.filter(kind="storage_charge")
     # 100 GiB for 24 of a month's 730 hours at 0.07 USD per GiB-month
-    assert entry.amount_micros == -int(100 * 24 * 70_000 / 730)
+    assert entry.amount_micros == -(100 * 24 * 70_000 // 730)
     assert entry.volume_ref == volume.public_id
     ledger = api_client.get("/v1/billing/ledger").json()["data"]
     assert ledger[0]["kind"] == "storage_charge" and ledger[0]["volume_id"] == volume.public_id

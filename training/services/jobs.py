@@ -130,8 +130,12 @@ def settle_job(*, job_id: int) -> bool:
 
 
 def compute_micros(*, price_per_hour_micros: int, start, end) -> int:
-    """Per second from `start` to `end` (nothing when `end` is earlier), at an hourly price."""
-    return int(price_per_hour_micros * max((end - start).total_seconds(), 0) / 3600)
+    """Per second (to the microsecond) from `start` to `end` (nothing when `end` is earlier), at
+    an hourly price, rounded down to the micro-dollar; integers throughout (a float can lose the
+    last micro-dollar)."""
+    delta = end - start
+    elapsed_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return price_per_hour_micros * max(elapsed_us, 0) // 3_600_000_000
 
 
 def accrued_micros(instance: Instance, *, at) -> int:
