@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "config",  # before django_q: its `qcluster` command is the one that runs
     "django_q",
     "veri",
     "volumes",
@@ -54,7 +55,6 @@ INSTALLED_APPS = [
     "billing",
     "providers",
     "dashboard",
-    "config",
 ]
 
 MIDDLEWARE = [
