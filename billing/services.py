@@ -4,7 +4,7 @@ Each entry carries an idempotency key named after what it pays for (`job_charge:
 in the database: a task that runs twice, or twice at once, writes it once."""
 
 import logging
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.conf import settings
@@ -495,30 +495,56 @@ def _mirror_next_entry(*, workspace_id: int) -> bool:
 
 GIB = 1024**3
 HOURS_PER_MONTH = 730
+STORAGE_CATCH_UP_DAYS = 31  # how far back a run looks for days not charged yet
 
 
-def charge_storage(*, day) -> int:
+def charge_storage_due(*, today: date, days: int = STORAGE_CATCH_UP_DAYS) -> int:
+    """Charge every finished day (UTC) of the last `days` whose storage is not charged yet, so a
+    day the daily run missed is charged by the next one; days before the oldest snapshot (the
+    oldest volume's creation) are skipped. Returns how many charges were written."""
+    since = datetime.combine(today - timedelta(days=days), time.min, tzinfo=UTC)
+    oldest = UsageSnapshot.objects.filter(hour__gte=since).aggregate(oldest=Min("hour"))["oldest"]
+    if oldest is None:
+        return 0
+    charged, day = 0, oldest.astimezone(UTC).date()
+    while day < today:
+        charged += charge_storage(day=day)
+        day += timedelta(days=1)
+    return charged
+
+
+def charge_storage(*, day: date) -> int:
     """Charge each volume's storage on `day` (UTC) from its hourly usage snapshots, per GiB-month
     at `VERI_STORAGE_PRICE_PER_GIB_MONTH`: once per (volume, day), whenever this runs. A deleted
     volume has no snapshots after its deletion, so it stops accruing there."""
     start = datetime.combine(day, time.min, tzinfo=UTC)
     end = start + timedelta(days=1)
     price = micros_from_usd(settings.VERI_STORAGE_PRICE_PER_GIB_MONTH)
-    usage = (
+    usage = list(
         UsageSnapshot.objects.filter(hour__gte=start, hour__lt=end)
         .values("workspace_id", "volume_ref")
         .annotate(byte_hours=Sum("total_bytes"))
     )
+    keys = {
+        row["volume_ref"]: f"storage_charge:{row['volume_ref']}:{day.isoformat()}" for row in usage
+    }
+    # A catch-up run revisits charged days: skip those volumes rather than fail their inserts.
+    done = set(
+        LedgerEntry.objects.filter(idempotency_key__in=keys.values()).values_list(
+            "idempotency_key", flat=True
+        )
+    )
     charged = 0
     for row in usage:
         micros = row["byte_hours"] * price // (GIB * HOURS_PER_MONTH)
-        if micros <= 0:
+        key = keys[row["volume_ref"]]
+        if micros <= 0 or key in done:
             continue
         _, created = record_entry(
             workspace=Workspace.objects.get(pk=row["workspace_id"]),
             kind=K.STORAGE_CHARGE,
             amount_micros=-micros,
-            key=f"storage_charge:{row['volume_ref']}:{day.isoformat()}",
+            key=key,
             volume_ref=row["volume_ref"],
             description=f"storage of {row['volume_ref']} on {day.isoformat()}",
         )

@@ -1,7 +1,5 @@
 """django-q2 tasks for money: idempotent, and safe when two runs overlap."""
 
-from datetime import timedelta
-
 from django.utils import timezone
 
 from billing import services
@@ -13,6 +11,6 @@ def mirror_to_stripe() -> int:
 
 
 def charge_storage() -> int:
-    """Daily: yesterday's storage, charged once per volume (a rerun writes nothing new)."""
-    yesterday = (timezone.now() - timedelta(days=1)).date()
-    return services.charge_storage(day=yesterday)
+    """Daily: each finished day's storage not charged yet (a missed day is caught up, up to a
+    month back), once per volume and day (a rerun writes nothing new)."""
+    return services.charge_storage_due(today=timezone.now().date())

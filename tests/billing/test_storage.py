@@ -4,11 +4,13 @@ does to them (nothing: the ledger is append-only)."""
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
+from django.utils import timezone
 
-from billing import services
+from billing import services, tasks
 from billing.models import LedgerEntry
 from tests.conftest import fill_volume
-from volumes.models import UsageSnapshot
+from volumes import tasks as volume_tasks
+from volumes.models import UsageSnapshot, Volume
 
 pytestmark = pytest.mark.django_db
 GIB = 1024**3
@@ -56,3 +58,38 @@ def test_deleting_a_charged_volume_leaves_its_charges_as_they_were(api_client, v
     assert list(LedgerEntry.objects.order_by("pk").values()) == before
     ledger = api_client.get("/v1/billing/ledger").json()["data"]
     assert (ledger[0]["kind"], ledger[0]["volume_id"]) == ("storage_charge", volume.public_id)
+
+
+def storage_charges() -> dict[str, int]:
+    """Each storage charge's day (from its key) and amount."""
+    entries = LedgerEntry.objects.filter(kind="storage_charge").order_by("pk")
+    return {e.idempotency_key.rsplit(":", 1)[1]: e.amount_micros for e in entries}
+
+
+def test_a_missed_day_is_charged_by_the_next_run_once(volume):
+    today = timezone.now().date()
+    for back in (3, 2, 1):
+        snapshots(volume, today - timedelta(days=back), range(24), 100 * GIB)
+    services.charge_storage(day=today - timedelta(days=3))  # the run before the missed one
+    assert tasks.charge_storage() == 2  # the missed day and yesterday
+    assert tasks.charge_storage() == 0
+    day_charge = -(100 * 24 * 70_000 // 730)
+    assert storage_charges() == {
+        (today - timedelta(days=back)).isoformat(): day_charge for back in (3, 2, 1)
+    }
+
+
+def test_a_deleted_volume_is_charged_up_to_its_deletion_and_no_further(api_client, volume):
+    Volume.objects.filter(pk=volume.pk).update(total_bytes=100 * GIB)
+    today = timezone.now().date()
+    deleted_on = today - timedelta(days=2)
+    midnight = datetime.combine(deleted_on, datetime.min.time(), tzinfo=UTC)
+    for hour in range(24 + 24):  # the hourly snapshots, before and after the deletion
+        if hour == 12:
+            assert (
+                api_client.delete(f"/v1/volumes/{volume.public_id}?force=true").status_code == 204
+            )
+        volume_tasks.take_usage_snapshots(now=midnight + timedelta(hours=hour, minutes=30))
+    assert tasks.charge_storage() == 1
+    # 12 hours of 100 GiB on the day of the deletion, nothing the day after
+    assert storage_charges() == {deleted_on.isoformat(): -(100 * 12 * 70_000 // 730)}
