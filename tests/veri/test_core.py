@@ -94,6 +94,46 @@ def test_the_api_page_lists_exactly_the_schemas_operations():
     }
 
 
+def _body_fields(body: str) -> set[str]:
+    """The top-level names of a body written like `{files:[{path, size}], final?}`."""
+    names, depth, current = [], 0, ""
+    for char in body + ",":
+        depth += char in "[{"
+        depth -= char in "]}"
+        if depth == 0 and char == ",":
+            names.append(current.split(":")[0].strip().rstrip("?"))
+            current = ""
+        elif depth == 0:
+            current += char
+    return {name for name in names if name}
+
+
+def test_the_api_page_names_the_fields_each_body_takes():
+    """Each JSON body written on docs/api.md (`{name, region?}`) names only fields the schema's
+    request takes, and every field the request requires."""
+    schema = json.loads(Client().get("/v1/schema", {"format": "json"}).content)
+    components = schema["components"]["schemas"]
+    problems = []
+    for line in (REPO / "docs" / "api.md").read_text().splitlines():
+        first_cell = re.split(r"(?<!\\)\|", line)[1:2]
+        found = re.match(
+            r"\s*`(GET|POST|PUT|PATCH|DELETE) (/v1/\S+?)`(.*)", first_cell[0] if first_cell else ""
+        )
+        bodies = re.findall(r"`\{(.*)\}`", found.group(3)) if found else []
+        if not bodies:
+            continue
+        method, path = found.group(1).lower(), found.group(2)
+        request = schema["paths"][path][method]["requestBody"]["content"]["application/json"]
+        reference = request["schema"]["$ref"].rsplit("/", 1)[-1]
+        takes = components[reference]
+        written = set().union(*(_body_fields(body) for body in bodies))
+        if unknown := written - set(takes["properties"]):
+            problems.append(f"{method} {path}: not in the schema: {sorted(unknown)}")
+        if missing := set(takes.get("required", [])) - written:
+            problems.append(f"{method} {path}: required, not written: {sorted(missing)}")
+    assert not problems, problems
+
+
 def test_home_page_leads_to_sign_in_and_admin_login_renders():
     client = Client()
     response = client.get("/", follow=True)
