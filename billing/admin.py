@@ -62,8 +62,49 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class ReattributeAction:
+    """The "Re-attribute" action for an admin whose rows are failed jobs or lead to one: the form
+    (an attribution and a reason) first, then `reattribute_job` for each row's job. Only staff
+    with the billing permission see it or can post it."""
+
+    job_id_field = "pk"  # the row's field that holds its job's id
+
+    def has_review_permission(self, request) -> bool:
+        return request.user.has_perm(REVIEW_PERMISSION)
+
+    @admin.action(
+        description="Re-attribute the selected failures (asks for an attribution and a reason)",
+        permissions=["review"],
+    )
+    def reattribute(self, request, queryset):
+        form = ReattributeForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return _ask(
+                self,
+                request,
+                queryset,
+                form=form,
+                title="Re-attribute jobs",
+                action="reattribute",
+                button="Re-attribute",
+            )
+        done = 0
+        for row in queryset:
+            try:
+                services.reattribute_job(
+                    job_id=getattr(row, self.job_id_field),
+                    attribution=form.cleaned_data["attribution"],
+                    reason=form.cleaned_data["reason"],
+                    changed_by=request.user,
+                )
+                done += 1
+            except VeriError as exc:
+                self.message_user(request, f"{row}: {exc.message}", messages.ERROR)
+        self.message_user(request, f"Re-attributed {done} job(s).")
+
+
 @admin.register(Refund)
-class RefundAdmin(ReadOnlyAdmin):
+class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
     """The review queue: pending refunds first, oldest first, each with the evidence."""
 
     list_display = [
@@ -79,6 +120,7 @@ class RefundAdmin(ReadOnlyAdmin):
     search_fields = ["job__public_id", "workspace__name", "workspace__public_id"]
     list_select_related = ["job", "workspace"]
     actions = ["approve", "deny", "reattribute"]
+    job_id_field = "job_id"
     fields = [
         "job",
         "workspace",
@@ -105,9 +147,6 @@ class RefundAdmin(ReadOnlyAdmin):
             output_field=IntegerField(),
         )
         return super().get_queryset(request).order_by(pending_first, "created_at")
-
-    def has_review_permission(self, request) -> bool:
-        return request.user.has_perm(REVIEW_PERMISSION)
 
     @admin.display(description="amount")
     def amount_usd(self, refund: Refund) -> str:
@@ -177,33 +216,6 @@ class RefundAdmin(ReadOnlyAdmin):
             except VeriError as exc:
                 self.message_user(request, f"{refund.job}: {exc.message}", messages.ERROR)
         self.message_user(request, f"Denied {done} refund(s).")
-
-    @admin.action(description="Re-attribute the selected refunds' jobs", permissions=["review"])
-    def reattribute(self, request, queryset):
-        form = ReattributeForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return _ask(
-                self,
-                request,
-                queryset,
-                form=form,
-                title="Re-attribute jobs",
-                action="reattribute",
-                button="Re-attribute",
-            )
-        done = 0
-        for refund in queryset:
-            try:
-                services.reattribute_job(
-                    job_id=refund.job_id,
-                    attribution=form.cleaned_data["attribution"],
-                    reason=form.cleaned_data["reason"],
-                    changed_by=request.user,
-                )
-                done += 1
-            except VeriError as exc:
-                self.message_user(request, f"{refund.job}: {exc.message}", messages.ERROR)
-        self.message_user(request, f"Re-attributed {done} job(s).")
 
 
 @admin.register(BillingAccount)

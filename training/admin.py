@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from billing.admin import ReattributeAction
 from training.models import Checkpoint, Dataset, JobEvent, LogChunk, TrainingJob
 from training.services import jobs as job_services
 
@@ -29,7 +30,10 @@ class RecentLogInline(admin.TabularInline):
 
 
 @admin.register(TrainingJob)
-class TrainingJobAdmin(admin.ModelAdmin):
+class TrainingJobAdmin(ReattributeAction, admin.ModelAdmin):
+    """Jobs, read-only; operators cancel them, and re-attribute failed ones here too (a failure
+    attributed to the customer has no refund row to act on in the review queue)."""
+
     list_display = [
         "public_id",
         "workspace",
@@ -53,7 +57,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
     list_select_related = ["workspace"]
     readonly_fields = [f.name for f in TrainingJob._meta.fields]
     inlines = [JobEventInline, RecentLogInline]
-    actions = ["cancel"]
+    actions = ["cancel", "reattribute"]
 
     def has_add_permission(self, request) -> bool:
         return False
