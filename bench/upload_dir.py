@@ -1,9 +1,11 @@
 """`veri volumes upload-dir` against `aws s3 cp --recursive`, `s5cmd cp` and a ceiling (16 threads
 doing plain PUTs straight to the store), all into one moto S3 server started here, in one run.
 
-    .venv/bin/python -m bench.upload_dir [--small 1000] [--large 4] [--large-mib 64]
+    .venv/bin/python -m bench.upload_dir [--small 1000] [--large 4] [--large-mib 64] [--repeat 3]
 
-Prints each time and the ratios (baseline time / Veri time: above 1 means Veri is faster).
+Each tool uploads the set --repeat times, each time to a new volume or prefix, and its best time
+counts (one loaded 2-core machine varies by a third from run to run). Prints each time and the
+ratios (baseline time / Veri time: above 1 means Veri is faster).
 moto is a single-process server, so the small-file set measures its request rate as much as ours.
 """
 
@@ -38,12 +40,17 @@ def make_files(root: Path, count: int, size: int) -> Path:
     return root
 
 
-def run_veri(folder: Path, env: dict) -> None:
-    veri = [sys.executable, "-m", "veri_sdk", "volumes", "upload-dir", f"bench-{folder.name}"]
-    subprocess.run([*veri, str(folder)], env=env, check=True, capture_output=True)
+def veri_volume(folder: Path, run: int) -> str:
+    return f"bench-{folder.name}-{run}"
 
 
-def run_aws(folder: Path, env: dict, s3_url: str) -> None:
+def run_veri(folder: Path, env: dict, run: int) -> None:
+    volume = veri_volume(folder, run)
+    veri = [sys.executable, "-m", "veri_sdk", "volumes", "upload-dir", volume, str(folder)]
+    subprocess.run(veri, env=env, check=True, capture_output=True)
+
+
+def run_aws(folder: Path, env: dict, s3_url: str, run: int) -> None:
     subprocess.run(
         [
             str(BIN / "aws"),
@@ -52,7 +59,7 @@ def run_aws(folder: Path, env: dict, s3_url: str) -> None:
             "--recursive",
             "--quiet",
             str(folder),
-            f"s3://{BUCKET}/aws-{folder.name}/",
+            f"s3://{BUCKET}/aws-{folder.name}-{run}/",
             "--endpoint-url",
             s3_url,
         ],
@@ -61,7 +68,7 @@ def run_aws(folder: Path, env: dict, s3_url: str) -> None:
     )
 
 
-def run_s5cmd(folder: Path, env: dict, s3_url: str) -> None:
+def run_s5cmd(folder: Path, env: dict, s3_url: str, run: int) -> None:
     subprocess.run(
         [
             str(BIN / "s5cmd"),
@@ -69,7 +76,7 @@ def run_s5cmd(folder: Path, env: dict, s3_url: str) -> None:
             s3_url,
             "cp",
             f"{folder}/*",
-            f"s3://{BUCKET}/s5cmd-{folder.name}/",
+            f"s3://{BUCKET}/s5cmd-{folder.name}-{run}/",
         ],
         env=env,
         check=True,
@@ -77,11 +84,10 @@ def run_s5cmd(folder: Path, env: dict, s3_url: str) -> None:
     )
 
 
-def run_ceiling(folder: Path, s3) -> None:
+def run_ceiling(folder: Path, s3, run: int) -> None:
     def put(file: Path) -> None:
-        s3.put_object(
-            Bucket=BUCKET, Key=f"ceiling-{folder.name}/{file.name}", Body=file.read_bytes()
-        )
+        key = f"ceiling-{folder.name}-{run}/{file.name}"
+        s3.put_object(Bucket=BUCKET, Key=key, Body=file.read_bytes())
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(put, sorted(folder.iterdir())))
@@ -92,6 +98,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--large", type=int, default=4)
     parser.add_argument("--large-mib", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs of each")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="veri-bench-"))
@@ -131,16 +138,22 @@ def main() -> None:
             ),
         ]
         for label, folder in sets:
-            # Like the bucket the other tools write into, the volume exists before timing starts.
-            create = [sys.executable, "-m", "veri_sdk", "volumes", "create", f"bench-{folder.name}"]
-            subprocess.run(create, env=cli_env, check=True, capture_output=True)
+            # Like the bucket the other tools write into, each run's volume exists before timing.
+            for run in range(args.repeat):
+                volume = veri_volume(folder, run)
+                create = [sys.executable, "-m", "veri_sdk", "volumes", "create", volume]
+                subprocess.run(create, env=cli_env, check=True, capture_output=True)
             runs = {
                 "veri upload-dir": partial(run_veri, folder, cli_env),
                 "aws s3 cp": partial(run_aws, folder, env, s3_url),
                 "s5cmd cp": partial(run_s5cmd, folder, env, s3_url),
                 "ceiling (16 PUT threads)": partial(run_ceiling, folder, s3),
             }
-            times = {name: timed(run) for name, run in runs.items()}
+            times = {}
+            for run in range(args.repeat):  # the tools take turns, so each sees the same store
+                for name, upload in runs.items():
+                    seconds = timed(partial(upload, run))
+                    times[name] = min(times.get(name, seconds), seconds)
             total = sum(f.stat().st_size for f in folder.iterdir())
             print(f"\n{label} ({total / 1024**2:.1f} MiB)")
             for name, seconds in times.items():
