@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from billing import selectors, services, stripe_gateway
 from billing.models import LedgerEntry
+from training.services import jobs
 from veri.api import ValidatingView, WorkspaceView, list_schema, paginate
 from veri.errors import VeriError
 
@@ -43,7 +44,11 @@ class BillingView(WorkspaceView):
         return Response(
             {
                 "balance_usd": services.usd(balance),
-                "low_balance": services.is_low_balance(workspace=self.workspace, balance=balance),
+                "low_balance": services.is_low_balance(
+                    workspace=self.workspace,
+                    balance=balance,
+                    accrued_micros=jobs.unbilled(workspace=self.workspace).accrued_micros,
+                ),
                 "payments_enabled": stripe_gateway.payments_enabled(),
                 "currency": "usd",
             }

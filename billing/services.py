@@ -122,25 +122,35 @@ def workspaces_out_of_money(*, accrued_micros: dict[int, int], now) -> set[int]:
     )
 
 
-def is_low_balance(*, workspace: Workspace, balance: int | None = None) -> bool:
-    """Below one day of the workspace's recent spend (or empty)."""
-    balance = balance_micros(workspace=workspace) if balance is None else balance
-    return balance <= 0 or balance < recent_daily_spend_micros(workspace=workspace)
+def is_low_balance(*, workspace: Workspace, balance: int, accrued_micros: int) -> bool:
+    """The balance, less what unfinished jobs have cost so far, is below one day of the
+    workspace's recent spend (or empty)."""
+    left = balance - accrued_micros
+    return left <= 0 or left < recent_daily_spend_micros(workspace=workspace)
 
 
-def require_funds(*, workspace: Workspace, first_hour_micros: int) -> None:
-    """Submit answers 402 unless the balance covers the job's first hour."""
+def require_funds(*, workspace: Workspace, first_hour_micros: int, held_micros: int) -> None:
+    """Submit answers 402 unless the balance covers the job's first hour on top of what the
+    workspace's unfinished jobs hold (each one's first hour, or its cost so far once more): ten
+    jobs cannot start on the money for one."""
     if not BillingAccount.objects.filter(workspace=workspace).exists():
         raise PaymentRequired(
             "This workspace has no billing account; add one before submitting jobs."
         )
     balance = balance_micros(workspace=workspace)
-    if balance < first_hour_micros:
+    if balance - held_micros < first_hour_micros:
+        held = (
+            f", of which unfinished jobs hold {usd(held_micros)} USD (each one's first hour, or "
+            "what it has cost so far)"
+            if held_micros
+            else ""
+        )
         raise PaymentRequired(
-            f"The balance is {usd(balance)} USD and this job's first hour is estimated at "
+            f"The balance is {usd(balance)} USD{held}, and this job's first hour is estimated at "
             f"{usd(first_hour_micros)} USD. Top up (veri billing top-up AMOUNT) and re-submit.",
             code="insufficient_balance",
             balance_usd=usd(balance),
+            held_usd=usd(held_micros),
             estimate_usd=usd(first_hour_micros),
         )
 

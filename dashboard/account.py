@@ -13,6 +13,7 @@ from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, TopUpForm
 from dashboard.workspaces import or_404, workspace_view
+from training.services import jobs as job_services
 from veri import selectors, services
 from veri.errors import VeriError
 
@@ -45,7 +46,11 @@ def billing_page(request):
         "dashboard/billing.html",
         {
             "balance_usd": billing.usd(balance),
-            "low_balance": billing.is_low_balance(workspace=request.workspace, balance=balance),
+            "low_balance": billing.is_low_balance(
+                workspace=request.workspace,
+                balance=balance,
+                accrued_micros=job_services.unbilled(workspace=request.workspace).accrued_micros,
+            ),
             "payments_enabled": payments_enabled(),
             "form": form,
             "page": page,

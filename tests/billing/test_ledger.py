@@ -374,6 +374,47 @@ def test_submit_needs_a_balance_that_covers_the_first_hour(api_client, dataset, 
     assert not TrainingJob.objects.exists()
 
 
+def test_unfinished_jobs_hold_their_first_hour_against_the_balance(
+    api_client, dataset, cloud, workspace
+):
+    """Ten jobs cannot start on the money for one: each unfinished job holds its first hour (or
+    what it has cost so far, once more) when the next one is submitted."""
+    spent = services.balance_micros(workspace=workspace)
+    services.record_entry(
+        workspace=workspace,
+        kind=LedgerEntry.Kind.ADJUSTMENT,
+        amount_micros=-spent + 1_200_000,  # 1.20 USD: one L4 hour (0.805), not two
+        key="test:drain",
+    )
+    first = api_client.post("/v1/training_jobs", job_body(dataset), format="json")
+    assert first.status_code == 201
+    error = assert_error(
+        api_client.post("/v1/training_jobs", job_body(dataset), format="json"),
+        402,
+        "insufficient_balance",
+    )
+    assert "1.20" in error["message"] and "hold 0.805" in error["message"]
+    assert error["held_usd"] == "0.805"
+    assert TrainingJob.objects.count() == 1
+    api_client.post(f"/v1/training_jobs/{first.json()['id']}/cancel")  # before running: waived
+    assert api_client.post("/v1/training_jobs", job_body(dataset), format="json").status_code == 201
+
+
+def test_low_balance_counts_what_running_jobs_have_cost_so_far(api_client, dataset, cloud):
+    job = TrainingJob.objects.get(
+        public_id=api_client.post("/v1/training_jobs", job_body(dataset), format="json").json()[
+            "id"
+        ]
+    )
+    tasks.provision_job(job_id=job.pk)
+    assert api_client.get("/v1/billing").json()["low_balance"] is False
+    # 200 hours at 0.805 USD/h, not charged yet: more than the whole balance.
+    Instance.objects.filter(job=job).update(launched_at=timezone.now() - timedelta(hours=200))
+    billing = api_client.get("/v1/billing").json()
+    assert billing["low_balance"] is True
+    assert billing["balance_usd"] == services.usd(services.balance_micros(workspace=job.workspace))
+
+
 @pytest.mark.parametrize(
     "config",
     [

@@ -147,6 +147,28 @@ def accrued_micros(instance: Instance, *, at) -> int:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Unbilled:
+    """A workspace's unfinished jobs, in money not yet in its ledger."""
+
+    accrued_micros: int  # what they have cost so far (restarted runs' kept compute included)
+    held_micros: int  # each one's first hour at its GPU's price, or its cost so far once more
+
+
+def unbilled(*, workspace: Workspace, now=None) -> Unbilled:
+    now = now or timezone.now()
+    accrued = held = 0
+    unfinished = TrainingJob.objects.filter(workspace=workspace).exclude(status__in=TERMINAL)
+    for job in unfinished.select_related("instance"):
+        instance = getattr(job, "instance", None)
+        cost = job.earlier_kept_micros + (accrued_micros(instance, at=now) if instance else 0)
+        spec = catalog.get_provider(job.provider)
+        gpu = spec.gpu(job.gpu_type) if spec else None
+        first_hour = gpu.price_per_gpu_hour_micros * job.gpu_count if gpu else 0
+        accrued, held = accrued + cost, held + max(first_hour, cost)
+    return Unbilled(accrued_micros=accrued, held_micros=held)
+
+
 def close_out_job(*, job: TrainingJob) -> None:
     """For a finished job: terminate its instance, attribute its cost, archive its full log.
     Safe to repeat; each step checks whether it is already done."""
@@ -462,7 +484,11 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
     """Plan the job, check the balance covers its first hour, write it queued, queue its launch."""
     plan = plan_job(workspace=workspace, submission=submission)
     sub = plan.sub
-    billing.require_funds(workspace=workspace, first_hour_micros=plan.price_per_hour_micros)
+    billing.require_funds(
+        workspace=workspace,
+        first_hour_micros=plan.price_per_hour_micros,
+        held_micros=unbilled(workspace=workspace).held_micros,
+    )
     with transaction.atomic():
         job = TrainingJob.objects.create(
             workspace=workspace,
