@@ -14,12 +14,20 @@ from rest_framework.response import Response
 
 from billing.services import usd
 from training import selectors
-from training.models import Checkpoint, Dataset, JobEvent, MetricPoint, Sample, TrainingJob
+from training.models import (
+    MAX_SEQ,
+    Checkpoint,
+    Dataset,
+    JobEvent,
+    MetricPoint,
+    Sample,
+    TrainingJob,
+)
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
 from training.services import quotes as quote_services
-from veri.api import WorkspaceView, list_schema, paginate
+from veri.api import WorkspaceView, list_schema, paginate, query_int
 from veri.errors import NotFound, VeriError
 from volumes.api import PlainString
 
@@ -454,14 +462,10 @@ class LogsView(JobScopedView):
     )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.job(job_id)
-        try:
-            after = int(request.query_params.get("after", -1))
-            limit = int(request.query_params.get("limit", MAX_LOG_LINES))
-        except ValueError:
-            raise VeriError("after and limit must be whole numbers.", field="after") from None
-        lines = selectors.log_lines_after(
-            job=job, after=after, limit=max(1, min(limit, MAX_LOG_LINES))
-        )
+        after = query_int(request, "after", -1, low=-1, high=MAX_SEQ)
+        # A longer page than the server gives is not an error: it gets the longest there is.
+        limit = min(query_int(request, "limit", MAX_LOG_LINES, low=1, high=MAX_SEQ), MAX_LOG_LINES)
+        lines = selectors.log_lines_after(job=job, after=after, limit=limit)
         next_seq = lines[-1].seq if lines else after
         return Response(
             {

@@ -205,6 +205,9 @@ class JobAttempt(models.Model):
         return f"{self.job_id} attempt {self.number} ({self.cause})"
 
 
+MAX_SEQ = 2**63 - 1  # a log line's number is a 64-bit column
+
+
 class LogChunk(models.Model):
     """One line of the worker's stdout/stderr, numbered by the worker; a resent line is ignored."""
 

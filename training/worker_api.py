@@ -16,7 +16,7 @@ from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from training.models import TrainingJob
+from training.models import MAX_SEQ, TrainingJob
 from training.services import worker as worker_services
 from veri.api import ValidatingView
 from veri.errors import NotFound
@@ -25,7 +25,6 @@ from volumes.services import MAX_OBJECT_BYTES
 
 MAX_STEP = 2**31 - 1  # the step columns are 32-bit
 MAX_CHECKPOINT_STEP = 10**8 - 1  # checkpoint folders are step-NNNNNNNN
-MAX_SEQ = 2**63 - 1
 MAX_LINE_CHARS = 16_384
 MAX_MESSAGE_CHARS = 10_000
 MAX_SAMPLE_CHARS = 2_000

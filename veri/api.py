@@ -9,6 +9,7 @@ import secrets
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import transaction
 from django.db.models import DateTimeField, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -142,7 +143,12 @@ class WorkspaceView(ValidatingView):
     def request_fingerprint(self) -> str:
         """The request's path and body; an uploaded file counts by its content, not its name."""
         data = self.request.data
-        body = dict(data.items()) if hasattr(data, "items") else {}
+        if hasattr(data, "lists"):  # a form: every value of a repeated field counts
+            body = dict(data.lists())
+        elif isinstance(data, dict):
+            body = dict(data)
+        else:  # a list, a string, a number: a body like any other
+            body = {"": data}
         for name, upload in self.request.FILES.items():
             digest = hashlib.sha256()
             for chunk in upload.chunks():
@@ -164,8 +170,14 @@ def _keystream(nonce: bytes, length: int) -> bytes:
 
 
 def _cursor_list(queryset: QuerySet, name: str) -> str:
-    """Which list a cursor belongs to: one list's position means nothing in another's order."""
-    return f"{queryset.model._meta.label_lower}.{name}"
+    """Which list a cursor belongs to: its rows' model and order, and the list's own filter (the
+    workspace, the volume or job it lists): a position means nothing in another list."""
+    try:
+        where = str(queryset.query)
+    except EmptyResultSet:
+        where = ""
+    scope = hashlib.sha256(where.encode()).hexdigest()[:16]
+    return f"{queryset.model._meta.label_lower}.{name}.{scope}"
 
 
 def _encode_cursor(list_name: str, value) -> str:
@@ -206,29 +218,36 @@ def _decode_cursor(cursor: str, list_name: str, field) -> object:
     return datetime.fromisoformat(value) if isinstance(field, DateTimeField) else value
 
 
+def query_int(request: Request, name: str, default: int, *, low: int, high: int) -> int:
+    """A whole number from the query string, written in plain ASCII digits (Python's int() also
+    takes spaces, signs, underscores and other scripts' digits)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    digits = raw.removeprefix("-")
+    if not (
+        digits.isascii() and digits.isdigit() and len(digits) <= 19 and low <= int(raw) <= high
+    ):
+        raise VeriError(f"{name} must be a whole number from {low} to {high}.", field=name)
+    return int(raw)
+
+
 def paginate(
     request: Request, queryset: QuerySet, serializer_class, *, order_by: str = "-pk"
 ) -> Response:
     """`?limit=&cursor=` over a unique field: `{"data": [...], "next_cursor": str | None}`."""
-    raw_limit = request.query_params.get("limit", DEFAULT_LIMIT)
-    try:
-        limit = int(raw_limit)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_LIMIT:
-        raise VeriError(f"limit must be between 1 and {MAX_LIMIT}.", field="limit")
+    limit = query_int(request, "limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
     name = order_by.lstrip("-")
+    list_name = _cursor_list(queryset, name)
     if cursor := request.query_params.get("cursor"):
         field = queryset.model._meta.pk if name == "pk" else queryset.model._meta.get_field(name)
-        after = _decode_cursor(cursor, _cursor_list(queryset, name), field)
+        after = _decode_cursor(cursor, list_name, field)
         queryset = queryset.filter(
             **{f"{name}__{'lt' if order_by.startswith('-') else 'gt'}": after}
         )
     rows = list(queryset.order_by(order_by)[: limit + 1])
     next_cursor = (
-        _encode_cursor(_cursor_list(queryset, name), getattr(rows[limit - 1], name))
-        if len(rows) > limit
-        else None
+        _encode_cursor(list_name, getattr(rows[limit - 1], name)) if len(rows) > limit else None
     )
     data = serializer_class(rows[:limit], many=True, context={"request": request}).data
     return Response({"data": data, "next_cursor": next_cursor})

@@ -172,8 +172,18 @@ def _instructions(upload: Upload) -> dict:
 def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict]:
     """One answer per file: upload instructions, or `{"path", "skipped": True}` when a file with the
     same size and sha256 is already stored at that path."""
+    seen: set[str] = set()
     for index, file in enumerate(files):
         _validate_file(file, field_prefix=f"files.{index}." if len(files) > 1 else "")
+        # One batch's uploads share a folder: two of one path would be one object, which the
+        # first completion keeps and the second deletes as replaced.
+        if file.path in seen:
+            raise VeriError(
+                f"{file.path} is in this batch twice; send each path once.",
+                field=f"files.{index}.path",
+                code="duplicate_path",
+            )
+        seen.add(file.path)
     threshold = settings.VERI_MULTIPART_THRESHOLD
     part_urls = sum(math.ceil(f.size / part_size_for(f.size)) for f in files if f.size > threshold)
     # One file may take S3's whole 10,000 parts; a batch past that would be minutes of signing
@@ -353,8 +363,11 @@ def _record_completions(
     )
     for status, uploads in ((Upload.Status.COMPLETED, good), (Upload.Status.ABORTED, bad)):
         Upload.objects.filter(pk__in=[u.pk for u in uploads]).update(status=status, finished_at=now)
+    live = {upload.object_key for upload in newest.values()}  # never delete what a file holds
     StoreDeletion.objects.bulk_create(
-        StoreDeletion(key=key, reason="replaced or rejected upload") for key in obsolete_keys
+        StoreDeletion(key=key, reason="replaced or rejected upload")
+        for key in obsolete_keys
+        if key not in live
     )
     volume.refresh_from_db(fields=["file_count", "total_bytes"])
 

@@ -345,3 +345,33 @@ def test_a_cursor_given_out_by_one_list_is_refused_by_every_other(api_client, wo
                 assert answer.status_code == 200, (url, answer.content)
             else:
                 assert_error(answer, 400, "invalid_cursor", "cursor")
+
+
+def test_a_cursor_is_refused_by_the_same_list_of_another_volume_or_workspace(
+    api_client, other_api_client, workspace
+):
+    """A position in one volume's files (a path) or one workspace's volumes is no position in
+    another's: sent there it used to page silently from it."""
+    first = fill_volume(workspace, "first", {"a.txt": b"a", "b.txt": b"b"})
+    second = fill_volume(workspace, "second", {"a.txt": b"a", "b.txt": b"b"})
+    url = f"/v1/volumes/{first.public_id}/files"
+    cursor = api_client.get(url, {"limit": 1}).json()["next_cursor"]
+    assert api_client.get(url, {"cursor": cursor}).status_code == 200
+    elsewhere = api_client.get(f"/v1/volumes/{second.public_id}/files", {"cursor": cursor})
+    assert_error(elsewhere, 400, "invalid_cursor", "cursor")
+    volumes_cursor = api_client.get("/v1/volumes", {"limit": 1}).json()["next_cursor"]
+    assert_error(
+        other_api_client.get("/v1/volumes", {"cursor": volumes_cursor}), 400, "invalid_cursor"
+    )
+
+
+@pytest.mark.parametrize("limit", [" 5", "+1", "1_0", "\uff15", "-1", "0", "201", "9" * 30])
+def test_a_limit_is_plain_digits_in_range(api_client, workspace, limit):
+    assert_error(api_client.get("/v1/volumes", {"limit": limit}), 400, "invalid_request", "limit")
+
+
+def test_a_log_position_past_64_bits_is_400(api_client, launched):
+    job, _ = launched
+    url = f"/v1/training_jobs/{job.public_id}/logs"
+    assert_error(api_client.get(url, {"after": 10**30}), 400, "invalid_request", "after")
+    assert api_client.get(url, {"after": -1, "limit": 10**6}).status_code == 200

@@ -160,3 +160,13 @@ def test_a_request_dying_between_its_work_and_its_answer_leaves_no_work(
     assert first.status_code == again.status_code == 201
     assert first.json()["id"] == again.json()["id"]
     assert TrainingJob.objects.count() == 1
+
+
+def test_a_key_reused_with_a_body_that_is_not_an_object_is_409(api_client):
+    """Any body counts in the fingerprint: a list (refused) and then an empty object under one key
+    used to be taken for the same request (both counted as no fields), and the object got the
+    list's answer replayed."""
+    client = keyed_client(api_client.raw_key)
+    first = client.post("/v1/volumes", [{"name": "a"}], format="json")
+    assert first.status_code == 400
+    assert_error(client.post("/v1/volumes", {}, format="json"), 409, "idempotency_key_reused")

@@ -465,3 +465,41 @@ def test_a_batch_needing_more_than_10000_part_urls_is_413(api_client, settings, 
         f"/v1/volumes/{volume['id']}/files", {"path": "f0", "size": huge}, format="json"
     )  # one file of S3's largest size still gets its (at most 10,000) parts
     assert alone.status_code == 201 and len(alone.json()["parts"]) <= 10_000
+
+
+def test_a_path_twice_in_one_batch_is_400_and_the_stored_file_is_kept(
+    api_client, settings, local_store_url
+):
+    """Both entries got one object key; completing both deleted the bytes the file pointed to."""
+    settings.VERI_STORE = local_store_url
+    volume = create_volume(api_client)
+    assert upload(api_client, volume["id"], "m.txt", b"the original").status_code == 200
+    files = [{"path": "m.txt", "size": 3}, {"path": "m.txt", "size": 3}]
+    answer = api_client.post(
+        f"/v1/volumes/{volume['id']}/uploads:batch", {"files": files}, format="json"
+    )
+    assert_error(answer, 400, "duplicate_path", "files.1.path")
+    assert Upload.objects.count() == 1
+    file = VolumeFile.objects.get(path="m.txt")
+    assert get_store().head(file.object_key).size == len(b"the original")
+
+
+def test_completing_never_deletes_the_object_a_file_holds(api_client, settings, local_store_url):
+    """The second wall behind the batch rule: two uploads of one object key (as a batch with a
+    path twice used to make) complete one after the other, and the file's bytes stay."""
+    settings.VERI_STORE = local_store_url
+    volume = create_volume(api_client)
+    first = api_client.post(
+        f"/v1/volumes/{volume['id']}/files", {"path": "m.txt", "size": 3}, format="json"
+    ).json()
+    twin = Upload.objects.get(public_id=first["upload_id"])
+    twin.pk, twin.public_id = None, "upl_twin"
+    twin.save()
+    assert put_to_url(api_client, first["url"], b"abc").status_code == 200
+    for upload_id in (first["upload_id"], "upl_twin"):
+        url = f"/v1/volumes/{volume['id']}/uploads/{upload_id}/complete"
+        assert api_client.post(url, {}, format="json").status_code == 200
+    file = VolumeFile.objects.get(path="m.txt")
+    assert not StoreDeletion.objects.filter(key=file.object_key).exists()
+    tasks.reconcile_deleted_volumes()
+    assert get_store().head(file.object_key).size == 3
