@@ -7,7 +7,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -18,7 +18,6 @@ CHUNK = 1024 * 1024
 # Files per batch call (the API takes up to 500): smaller batches let the next start and the
 # previous completion overlap the transfers.
 BATCH = 200
-FIRST_BATCH = 25
 MAX_PARALLEL = 8
 # From this size a file goes up on its own (hash, start, send, complete) as soon as it is hashed,
 # so hashing one large file overlaps sending another; smaller ones go in batch calls.
@@ -214,9 +213,7 @@ class Volumes:
                 {"path": path, "size": local.stat().st_size, "sha256": digest}
                 for (path, local), digest in zip(small.items(), hashes, strict=True)
             ]
-            # A small first batch, so that transfers begin while the next start is signed.
-            edges = [0, *range(FIRST_BATCH, len(announced), BATCH), len(announced)]
-            batches = [announced[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+            batches = [announced[i : i + BATCH] for i in range(0, len(announced), BATCH)]
 
             def start(batch: list[dict]) -> list[dict]:
                 body = {"files": batch}
@@ -230,15 +227,8 @@ class Volumes:
                     "data"
                 ]
 
-            def finish(sent: list[dict], puts: list) -> None:
-                completions, send_failures = self._collect(sent, puts)
-                failures.update(send_failures)
-                if completions:
-                    paths = {a["upload_id"]: a["path"] for a in sent}
-                    completing.append((control.submit(complete, completions), paths))
-
             upcoming = control.submit(start, batches[0]) if batches else None
-            completing, sending = [], []
+            completing = []
             for index in range(len(batches)):
                 answers = upcoming.result()
                 if index + 1 < len(batches):
@@ -247,13 +237,11 @@ class Volumes:
                 result.skipped += [a["path"] for a in answers if a.get("skipped")]
                 if on_total:
                     on_total(sum(by_path[a["path"]].stat().st_size for a in to_send))
-                # This batch's transfers queue behind the previous one's, which is then
-                # completed: the pool never drains between batches.
-                sending.append((to_send, self._send(pool, to_send, by_path, on_bytes)))
-                if len(sending) > 1:
-                    finish(*sending.pop(0))
-            for sent, puts in sending:
-                finish(sent, puts)
+                completions, send_failures = self._transfer(pool, to_send, by_path, on_bytes)
+                failures |= send_failures
+                if completions:
+                    paths = {a["upload_id"]: a["path"] for a in to_send}
+                    completing.append((control.submit(complete, completions), paths))
             for finished, paths in completing:
                 for item in finished.result():
                     if item["ok"]:
@@ -274,16 +262,6 @@ class Volumes:
     ) -> tuple[list[dict], dict[str, str]]:
         """PUT every file (or each part of a multipart file) through `pool`; returns the completion
         entries of the files whose bytes all arrived, and the reasons of those that did not."""
-        return self._collect(answers, self._send(pool, answers, local, on_bytes))
-
-    def _send(
-        self,
-        pool: ThreadPoolExecutor,
-        answers: list[dict],
-        local: dict[str, Path],
-        on_bytes: OnBytes | None,
-    ) -> list[tuple[dict, int | None, Future]]:
-        """Queue the PUTs of every file (or each part of a multipart file) on `pool`."""
         puts = []
         for answer in answers:
             path = local[answer["path"]]
@@ -299,14 +277,6 @@ class Volumes:
                 length = min(part_size, size - offset)
                 future = pool.submit(self._put_part, part["url"], path, offset, length, on_bytes)
                 puts.append((answer, part["number"], future))
-        return puts
-
-    @staticmethod
-    def _collect(
-        answers: list[dict], puts: list[tuple[dict, int | None, Future]]
-    ) -> tuple[list[dict], dict[str, str]]:
-        """Wait for `puts`: the completion entries of the files whose bytes all arrived, and the
-        reasons of those that did not."""
         entries: dict[str, dict] = {}
         failures: dict[str, str] = {}
         for answer, number, future in puts:
