@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from providers.models import Instance
-from tests.sdk.test_training_cli import dataset_file
+from tests.sdk.test_training_cli import job_fields
 from tests.training.conftest import REWARD
 from training.models import TrainingJob
 from veri_sdk import Client
@@ -28,16 +28,7 @@ def api_quote(cli, fields: dict) -> dict:
 
 def test_the_sdk_and_the_cli_quote_what_the_api_quotes(cli, capsys, account, tmp_path):
     client = Client()
-    dataset = client.datasets.upload(dataset_file(tmp_path))
-    fields = {
-        "base_model": "tiny/model",
-        "dataset_id": dataset.id,
-        "method": "grpo",
-        "reward_source": REWARD,
-        "gpu_type": "L4-24GB",
-        "hyperparameters": {"max_steps": 5},
-        "max_cost_usd": "5",
-    }
+    fields = job_fields(client, tmp_path, max_cost_usd="5")
     expected = api_quote(cli, fields)
     assert expected["price_per_hour_usd"] == "0.805" and expected["max_cost_usd"] == "5.00"
 
@@ -47,7 +38,7 @@ def test_the_sdk_and_the_cli_quote_what_the_api_quotes(cli, capsys, account, tmp
     job_file = tmp_path / "job.toml"
     job_file.write_text(
         'kind = "train"\nbase_model = "tiny/model"\n'
-        f'dataset = "{dataset.id}"\nmethod = "grpo"\nreward = "reward.py"\n'
+        f'dataset = "{fields["dataset_id"]}"\nmethod = "grpo"\nreward = "reward.py"\n'
         'gpu_type = "L4-24GB"\nmax_cost_usd = "5"\n\n[hyperparameters]\nmax_steps = 5\n'
     )
     code, out, _ = cli("jobs", "quote", str(job_file), "--json", capsys=capsys)

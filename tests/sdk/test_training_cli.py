@@ -55,9 +55,10 @@ def dataset_file(tmp_path, rows=GRPO_ROWS) -> str:
     return str(path)
 
 
-def submit(client: Client, tmp_path, **fields) -> str:
+def job_fields(client: Client, tmp_path, **fields) -> dict:
+    """A small GRPO job's submit arguments, its dataset uploaded; `fields` added or replaced."""
     dataset = client.datasets.upload(dataset_file(tmp_path))
-    body = {
+    return {
         "base_model": "tiny/model",
         "dataset_id": dataset.id,
         "method": "grpo",
@@ -65,7 +66,10 @@ def submit(client: Client, tmp_path, **fields) -> str:
         "gpu_type": "L4-24GB",
         "hyperparameters": {"max_steps": 5},
     } | fields
-    return client.training_jobs.create(**body).id
+
+
+def submit(client: Client, tmp_path, **fields) -> str:
+    return client.training_jobs.create(**job_fields(client, tmp_path, **fields)).id
 
 
 def run_worker(job_id: str, lines: int, *, pause: float = 0.0, final_files: dict | None = None):
