@@ -36,6 +36,20 @@ def deep(levels: int) -> str:
     return "[" * levels + "]" * levels
 
 
+def add_usage(volume: Volume, *, hours: int) -> None:
+    """Hourly usage snapshots of `volume` for the last `hours` hours."""
+    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+    for ago in range(hours):
+        UsageSnapshot.objects.create(
+            volume=volume,
+            volume_ref=volume.public_id,
+            workspace=volume.workspace,
+            hour=now - timedelta(hours=ago),
+            file_count=volume.file_count,
+            total_bytes=volume.total_bytes,
+        )
+
+
 def post_raw(client, url: str, raw: str | bytes):
     return client.generic("POST", url, raw, content_type="application/json")
 
@@ -182,17 +196,7 @@ def test_store_urls_and_the_schema_answer_errors_in_json(api_client, workspace, 
 
 def test_usage_pages_by_hour(api_client, workspace):
     """Usage lists are ordered by hour: their cursor is a time (it used to fail to encode)."""
-    volume = fill_volume(workspace, "corpus", {"a.txt": b"a"})
-    now = timezone.now().replace(minute=0, second=0, microsecond=0)
-    for hours in range(3):
-        UsageSnapshot.objects.create(
-            volume=volume,
-            volume_ref=volume.public_id,
-            workspace=workspace,
-            hour=now - timedelta(hours=hours),
-            file_count=1,
-            total_bytes=1,
-        )
+    add_usage(fill_volume(workspace, "corpus", {"a.txt": b"a"}), hours=3)
     seen, cursor = [], None
     while True:
         params = {"limit": 1} | ({"cursor": cursor} if cursor else {})
@@ -308,16 +312,7 @@ def test_a_cursor_given_out_by_one_list_is_refused_by_every_other(api_client, wo
     job, worker = launched
     volume = fill_volume(workspace, "corpus", {"a.txt": b"a", "b.txt": b"b"})
     fill_volume(workspace, "other", {"c.txt": b"c"})
-    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
-    for hours in range(2):
-        UsageSnapshot.objects.create(
-            volume=volume,
-            volume_ref=volume.public_id,
-            workspace=workspace,
-            hour=hour - timedelta(hours=hours),
-            file_count=2,
-            total_bytes=2,
-        )
+    add_usage(volume, hours=2)
     api_client.post("/v1/training_jobs", job_body(upload_dataset(api_client, GRPO_ROWS)), "json")
     for step in (1, 2):
         MetricPoint.objects.create(job=job, step=step, at=timezone.now(), values={"loss": 1.0})
