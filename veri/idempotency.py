@@ -2,7 +2,8 @@
 so of two concurrent requests with one key only one does the work; the other waits for its answer
 and replays it, or gets 409 `idempotency_in_progress` if the first is still working after
 `VERI_IDEMPOTENCY_WAIT_SECONDS`. A claim whose request died without an answer is released, or
-taken over once it is older than `VERI_IDEMPOTENCY_STALE_SECONDS`."""
+taken over once it is older than `VERI_IDEMPOTENCY_STALE_SECONDS`. Keys are kept for
+`VERI_IDEMPOTENCY_KEEP_SECONDS` (a day, as Stripe keeps them), then forgotten."""
 
 import hashlib
 import json
@@ -85,3 +86,12 @@ def record_answer(*, record: IdempotencyRecord, status_code: int, body) -> None:
 
 def release(*, record: IdempotencyRecord) -> None:
     IdempotencyRecord.objects.filter(pk=record.pk, status_code__isnull=True).delete()
+
+
+def forget_old_keys(*, now=None) -> int:
+    """Delete keys older than `VERI_IDEMPOTENCY_KEEP_SECONDS`: a retry comes within minutes, and
+    kept forever the table would grow with every POST."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.VERI_IDEMPOTENCY_KEEP_SECONDS)
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
+    return deleted

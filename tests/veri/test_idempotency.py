@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from tests.conftest import assert_error, in_threads, postgres_only
 from tests.training.conftest import GRPO_ROWS, job_body, upload_dataset
 from training.models import Dataset, TrainingJob
-from veri import idempotency
+from veri import idempotency, tasks
 from veri import services as veri_services
 from veri.models import IdempotencyRecord
 from volumes.models import Upload, Volume
@@ -170,3 +170,21 @@ def test_a_key_reused_with_a_body_that_is_not_an_object_is_409(api_client):
     first = client.post("/v1/volumes", [{"name": "a"}], format="json")
     assert first.status_code == 400
     assert_error(client.post("/v1/volumes", {}, format="json"), 409, "idempotency_key_reused")
+
+
+def test_keys_are_forgotten_after_a_day(api_client, workspace):
+    """The table would otherwise grow with every keyed POST: the hourly task drops keys older
+    than VERI_IDEMPOTENCY_KEEP_SECONDS, and a retry within the day still gets its answer."""
+    client = keyed_client(api_client.raw_key)
+    first = client.post("/v1/volumes", {"name": "kept"}, format="json")
+    assert first.status_code == 201
+    IdempotencyRecord.objects.create(
+        workspace=workspace, key="old", request_fingerprint="x", status_code=201
+    )
+    IdempotencyRecord.objects.filter(key="old").update(
+        created_at=timezone.now() - timedelta(days=1, minutes=1)
+    )
+    assert tasks.forget_old_idempotency_keys() == 1
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["one-key"]
+    again = client.post("/v1/volumes", {"name": "kept"}, format="json")
+    assert again.status_code == 201 and again.json() == first.json()
