@@ -294,6 +294,9 @@ class WatchdogState(models.Model):
     last_archive_at = models.DateTimeField(null=True)
     last_sweep_at = models.DateTimeField(null=True)  # providers' orphaned machines
     last_resettle_at = models.DateTimeField(null=True)  # ended jobs whose settle task was lost
+    # When ticks came back after a silence (the task cluster down, or the platform restarted):
+    # a worker's silence before then is no evidence against it.
+    resumed_at = models.DateTimeField(null=True)
 
     def __str__(self) -> str:
         return f"watchdog run {self.run or '-'} at {self.last_tick_at}"

@@ -80,6 +80,7 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
             states |= get_adapter(provider).states(ids)
         except Exception:  # noqa: BLE001 - one failed poll is no evidence; the next tick asks
             log.warning("could not poll %s for %d instance(s)", provider, len(ids), exc_info=True)
+    watched_since = WatchdogState.objects.values_list("resumed_at", flat=True).first()
     failed: dict[str, int] = defaultdict(int)
     still_active = []
     for job in active:
@@ -87,7 +88,7 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
             with contextlib.suppress(jobs.InvalidTransition):  # it moved on meanwhile
                 jobs.machine_obtained(job=job)
             continue
-        verdict = _verdict(job, states, now)
+        verdict = _verdict(job, states, now, watched_since)
         if not verdict and provisioning.launch_stalled(job, now=now):
             provisioning.recover_stalled_launch(job=job)
             continue
@@ -126,7 +127,9 @@ class Fault(NamedTuple):
     restart: bool = True
 
 
-def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] | Fault | None:
+def _verdict(
+    job: TrainingJob, states: dict, now: datetime, watched_since: datetime | None
+) -> tuple[str, str] | Fault | None:
     instance = getattr(job, "instance", None)
     state = states.get(instance.external_id) if instance and instance.external_id else None
     if job.status == S.QUEUED:
@@ -200,6 +203,10 @@ def _verdict(job: TrainingJob, states: dict, now: datetime) -> tuple[str, str] |
                 f"{settings.VERI_CONFIGURING_TIMEOUT_SECONDS} s."
             )
     silent_since = job.last_heartbeat_at or job.configuring_at or job.provisioning_at
+    if watched_since and watched_since > silent_since:
+        # Silence while the watchdog (or the whole platform) was away counts from its return:
+        # the worker may have been waiting for the control plane all along.
+        silent_since = watched_since
     silent = _silent_failure(job, (now - silent_since).total_seconds())
     if silent or job.status != S.RUNNING or job.gpu_count < 2:
         return silent
@@ -266,17 +273,21 @@ def watch_jobs() -> str:
 def ensure_watch_chain(*, now: datetime | None = None) -> str:
     now = now or timezone.now()
     WatchdogState.objects.get_or_create(pk=1)
-    silent_since = now - timedelta(seconds=max(3 * settings.VERI_WATCH_PERIOD_SECONDS, 30))
     run = uuid.uuid4().hex
     started = (
         WatchdogState.objects.filter(pk=1)
-        .filter(Q(last_tick_at__isnull=True) | Q(last_tick_at__lt=silent_since))
-        .update(run=run, last_tick_at=now)
+        .filter(Q(last_tick_at__isnull=True) | Q(last_tick_at__lt=_away_before(now)))
+        .update(run=run, last_tick_at=now, resumed_at=now)
     )
     if not started:
         return "ticking"
     _next_tick(run=run, due=time.time())
     return "started"
+
+
+def _away_before(now: datetime) -> datetime:
+    """Ticks older than this mean the watchdog has been away."""
+    return now - timedelta(seconds=max(3 * settings.VERI_WATCH_PERIOD_SECONDS, 30))
 
 
 def _next_tick(*, run: str, due: float) -> None:
@@ -300,7 +311,11 @@ def watch_tick(*, run: str, due: float) -> str:
     period = settings.VERI_WATCH_PERIOD_SECONDS
     time.sleep(max(0.0, min(due - time.time(), period)))
     now = timezone.now()
-    if not WatchdogState.objects.filter(pk=1, run=run).update(last_tick_at=now):
+    current = WatchdogState.objects.filter(pk=1, run=run)
+    previous = current.values_list("last_tick_at", flat=True).first()
+    # A link that waited in the broker while no task worker ran: the watchdog was away.
+    back = {"resumed_at": now} if previous and previous < _away_before(now) else {}
+    if not current.update(last_tick_at=now, **back):
         return "superseded"
     try:
         check_jobs(now=now)

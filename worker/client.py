@@ -3,6 +3,7 @@ logs and metrics and sends them every second, so training goes on while the API 
 and the buffer drains when it is back."""
 
 import logging
+import os
 import random
 import threading
 import time
@@ -12,6 +13,8 @@ import httpx
 
 log = logging.getLogger("veri.worker")
 RETRY_STATUSES = {429, 500, 502, 503, 504}
+DEFAULT_PATIENCE_SECONDS = 1800
+MAX_BACKOFF_SECONDS = 20
 
 
 class ControlPlaneError(Exception):
@@ -28,13 +31,20 @@ class ControlPlane:
             headers={"Authorization": f"Bearer {token}", "User-Agent": "veri-worker/0.1"},
         )
 
-    def call(self, method: str, path: str, *, json=None, attempts: int = 8) -> dict:
-        """One request, retried on connection errors, 5xx and 429 (about 2 minutes in all)."""
-        for attempt in range(attempts):
+    def call(self, method: str, path: str, *, json=None, attempts: int | None = None) -> dict:
+        """One request, retried with backoff on connection errors, 5xx and 429: `attempts` times,
+        or else for `VERI_WORKER_API_PATIENCE_SECONDS` (30 minutes): a control plane being
+        restarted or redeployed must not end a training whose machine is still running."""
+        deadline = time.monotonic() + float(
+            os.environ.get("VERI_WORKER_API_PATIENCE_SECONDS", DEFAULT_PATIENCE_SECONDS)
+        )
+        attempt = 0
+        while True:
+            last = attempt + 1 == attempts if attempts else time.monotonic() >= deadline
             try:
                 response = self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
-                if attempt == attempts - 1:
+                if last:
                     raise ControlPlaneError(0, f"control plane unreachable: {exc}") from exc
             else:
                 if response.status_code not in RETRY_STATUSES:
@@ -45,10 +55,10 @@ class ControlPlane:
                             message = response.text[:300]
                         raise ControlPlaneError(response.status_code, message)
                     return response.json() if response.content else {}
-                if attempt == attempts - 1:
+                if last:
                     raise ControlPlaneError(response.status_code, response.text[:300])
-            time.sleep(min(0.5 * 2**attempt, 20) * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
+            time.sleep(min(0.5 * 2**attempt, MAX_BACKOFF_SECONDS) * (0.5 + random.random() / 2))
+            attempt += 1
 
 
 class Shipper:

@@ -17,7 +17,7 @@ from providers.models import Instance, LaunchAttempt
 from tests.conftest import in_threads, postgres_only
 from tests.training.conftest import drive
 from training import errors, tasks
-from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
+from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob, WatchdogState
 from training.services import jobs, provisioning
 
 pytestmark = pytest.mark.django_db
@@ -252,6 +252,24 @@ def test_heartbeat_timeout_uses_the_jobs_own_deadline(submit, cloud):
     assert TrainingJob.objects.get(pk=chatty.pk).status == S.RUNNING
 
 
+def test_silence_while_the_watchdog_was_away_counts_from_its_return(submit, cloud, settings):
+    """The platform restarted (no ticks for ten minutes): a worker silent since before is not
+    failed the moment ticks resume, it gets its whole deadline from then (it may have been
+    waiting for the control plane all along); a worker still silent after that is failed."""
+    job = submit(heartbeat_timeout_seconds=60)
+    tasks.provision_job(job_id=job.pk)
+    drive(job, S.CONFIGURING, S.RUNNING)
+    now = timezone.now()
+    TrainingJob.objects.filter(pk=job.pk).update(last_heartbeat_at=now - timedelta(minutes=11))
+    WatchdogState.objects.create(pk=1, run="old", last_tick_at=now - timedelta(minutes=10))
+    settings.VERI_WATCH_PERIOD_SECONDS = 0
+    assert tasks.watch_tick(run="old", due=0) == "ticked"
+    assert WatchdogState.objects.get(pk=1).resumed_at is not None
+    assert TrainingJob.objects.get(pk=job.pk).status == S.RUNNING
+    assert run_watchdog(now=timezone.now() + timedelta(seconds=30)) == {}
+    assert run_watchdog(now=timezone.now() + timedelta(seconds=61)) == {"heartbeat_timeout": 1}
+
+
 def test_worker_failed_when_silent_900s_or_instance_gone(submit, cloud):
     silent = submit(heartbeat_timeout_seconds=3600, auto_resume=False)
     vanished = submit(auto_resume=False)
@@ -302,7 +320,8 @@ def test_watchdog_query_count_does_not_grow_with_jobs(submit, cloud):
     calls_before = cloud.state_calls
     with CaptureQueriesContext(connection) as many:
         assert run_watchdog() == {}
-    assert len(many) == len(few) <= 3
+    # The active jobs, when the watchdog came back, the balances, the exhausted-since marks.
+    assert len(many) == len(few) <= 4
     assert cloud.state_calls - calls_before == 1  # one provider call for all twelve instances
 
 

@@ -8,7 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from worker.client import ControlPlane, Shipper
+from tests.conftest import free_port
+from worker.client import ControlPlane, ControlPlaneError, Shipper
 from worker.errors import JobFailure
 from worker.train import (
     SAMPLES_PER_STEP,
@@ -52,8 +53,7 @@ class FlakyControlPlane(BaseHTTPRequestHandler):
 
 
 def test_logs_and_metrics_wait_out_an_outage_and_arrive_in_order():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyControlPlane)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(ThreadingHTTPServer(("127.0.0.1", 0), FlakyControlPlane))
     api = ControlPlane(api_url=f"http://127.0.0.1:{server.server_port}", job_id="job_x", token="t")
     shipper = Shipper(api, interval=0.1, heartbeat_interval=0.1).start()
     try:
@@ -250,3 +250,34 @@ def test_samples_carry_each_reward_functions_score_every_n_steps():
     first = data["samples"][0]
     assert first["prompt"] == "say" and first["completion"] == "a"
     assert first["rewards"] == {"length": 1.0, "has_a": 1.0} and first["reward"] == 2.0
+
+
+def test_a_call_waits_out_a_control_plane_restart_within_its_patience(monkeypatch):
+    """The worker used to give up after about 2 minutes of a control plane being restarted (its
+    training done, the result unreported), and the job was later failed as the customer's
+    heartbeat_timeout. Now a call keeps trying for VERI_WORKER_API_PATIENCE_SECONDS."""
+    port = free_port()
+    api = ControlPlane(api_url=f"http://127.0.0.1:{port}", job_id="job_x", token="t")
+    monkeypatch.setenv("VERI_WORKER_API_PATIENCE_SECONDS", "1")
+    with pytest.raises(ControlPlaneError, match="unreachable"):
+        api.call("POST", "/complete", json={"ok": True})
+
+    monkeypatch.setenv("VERI_WORKER_API_PATIENCE_SECONDS", "60")
+    FlakyControlPlane.down.clear()
+    servers = []
+    back = threading.Timer(
+        2.5,
+        lambda: servers.append(serve(ThreadingHTTPServer(("127.0.0.1", port), FlakyControlPlane))),
+    )
+    back.start()
+    try:
+        assert api.call("POST", "/complete", json={"ok": True}) == {"status": "running"}
+    finally:
+        back.join()
+        for server in servers:
+            server.shutdown()
+
+
+def serve(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
