@@ -16,7 +16,7 @@ from veri.errors import VeriError
 class LedgerEntryOut(serializers.ModelSerializer):
     amount_usd = serializers.SerializerMethodField()
     job_id = serializers.CharField(source="job.public_id", default=None, allow_null=True)
-    volume_id = serializers.CharField(source="volume_ref", allow_blank=True)
+    volume_id = serializers.SerializerMethodField()
 
     class Meta:
         model = LedgerEntry
@@ -24,6 +24,9 @@ class LedgerEntryOut(serializers.ModelSerializer):
 
     def get_amount_usd(self, entry: LedgerEntry) -> str:
         return services.usd(entry.amount_micros)
+
+    def get_volume_id(self, entry: LedgerEntry) -> str | None:
+        return entry.volume_ref or None  # null when not a volume's, as job_id is
 
 
 BillingOut = inline_serializer(

@@ -47,6 +47,12 @@ def test_storage_is_charged_daily_per_volume_once(api_client, volume):
     assert entry.volume_ref == volume.public_id
     ledger = api_client.get("/v1/billing/ledger").json()["data"]
     assert ledger[0]["kind"] == "storage_charge" and ledger[0]["volume_id"] == volume.public_id
+    # The workspace's opening credit belongs to neither a job nor a volume: both null alike.
+    assert (ledger[-1]["kind"], ledger[-1]["job_id"], ledger[-1]["volume_id"]) == (
+        "adjustment",
+        None,
+        None,
+    )
 
 
 def test_deleting_a_charged_volume_leaves_its_charges_as_they_were(api_client, volume):
