@@ -274,10 +274,12 @@ def ensure_watch_chain(*, now: datetime | None = None) -> str:
     now = now or timezone.now()
     WatchdogState.objects.get_or_create(pk=1)
     run = uuid.uuid4().hex
-    started = (
-        WatchdogState.objects.filter(pk=1)
-        .filter(Q(last_tick_at__isnull=True) | Q(last_tick_at__lt=_away_before(now)))
-        .update(run=run, last_tick_at=now, resumed_at=now)
+    state = WatchdogState.objects.filter(pk=1)
+    # The first start ever has nothing to forgive; a start after ticks stopped is a return.
+    started = state.filter(last_tick_at__isnull=True).update(run=run, last_tick_at=now) or (
+        state.filter(last_tick_at__lt=_away_before(now)).update(
+            run=run, last_tick_at=now, resumed_at=now
+        )
     )
     if not started:
         return "ticking"

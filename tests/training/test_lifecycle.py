@@ -270,6 +270,16 @@ def test_silence_while_the_watchdog_was_away_counts_from_its_return(submit, clou
     assert run_watchdog(now=timezone.now() + timedelta(seconds=61)) == {"heartbeat_timeout": 1}
 
 
+def test_the_watchdogs_first_start_forgives_no_silence(db):
+    """Only a return after ticks stopped moves deadlines; the first start ever (a new platform,
+    or a test's) does not, or a worker killed before it would be judged late."""
+    assert tasks.ensure_watch_chain() == "started"
+    assert WatchdogState.objects.get(pk=1).resumed_at is None
+    later = timezone.now() + timedelta(minutes=5)
+    assert tasks.ensure_watch_chain(now=later) == "started"
+    assert WatchdogState.objects.get(pk=1).resumed_at == later
+
+
 def test_worker_failed_when_silent_900s_or_instance_gone(submit, cloud):
     silent = submit(heartbeat_timeout_seconds=3600, auto_resume=False)
     vanished = submit(auto_resume=False)
