@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -28,6 +29,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items):
+    """`make test` runs two xdist workers (--dist loadgroup): the slow end-to-end tests all go to
+    one of them, so that no two real trainings share the 2 cores and stretch the time limits
+    those tests assert, while the other worker runs the rest beside them."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 @pytest.fixture(autouse=True)
 def django_db_serialized_rollback():
     """Every transactional test puts back the rows migrations made (task schedules, content
@@ -51,6 +61,13 @@ def s3_endpoint():
     if url := os.environ.get("VERI_TEST_S3_URL"):
         yield url
         return
+    with moto_server() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def moto_server():
+    """A moto server of its own on a free loopback port, stopped on the way out."""
     port = free_port()
     moto = REPO / ".venv" / "bin" / "moto_server"
     process = subprocess.Popen(
@@ -65,9 +82,11 @@ def s3_endpoint():
             break
         except httpx.TransportError:
             time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait()
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait()
 
 
 def s3_client(endpoint: str):

@@ -118,8 +118,10 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
         f"Number(document.querySelector('[data-log]').dataset.lines) > {seen}", timeout=30_000
     )
     # A reader who scrolled up keeps their place while lines are added; at the bottom, they follow.
+    # (Enough lines to scroll can take a minute: a step takes seconds on a busy machine.)
     page.wait_for_function(
-        "(l => l.scrollHeight > l.clientHeight + 100)(document.querySelector('[data-log]'))"
+        "(l => l.scrollHeight > l.clientHeight + 100)(document.querySelector('[data-log]'))",
+        timeout=120_000,
     )
     page.evaluate("document.querySelector('[data-log]').scrollTop = 0")
     grown = number(page, log, "data-lines")

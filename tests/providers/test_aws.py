@@ -1,4 +1,4 @@
-"""The AWS adapter against moto's EC2 in server mode (the same moto server the S3 tests use),
+"""The AWS adapter against moto's EC2 in server mode (a moto server of this module's own),
 behind a proxy that refuses chosen launches with EC2's own error codes: jobs launch tagged
 instances with the worker's bootstrap, move to the next zone when one has no capacity, fail with
 the catalog's codes, terminate exactly once, and the sweeper ends machines no live job owns."""
@@ -24,6 +24,7 @@ from providers.aws import DEPLOYMENT_TAG, JOB_TAG, AwsProvider
 from providers.base import LaunchSpec
 from providers.bootstrap import render
 from providers.models import Instance, LaunchAttempt
+from tests.conftest import moto_server
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real task cluster
 from tests.providers.ec2_proxy import Ec2Proxy
 from tests.training.conftest import upload_dataset
@@ -35,11 +36,19 @@ pytestmark = pytest.mark.django_db
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 
 
+@pytest.fixture(scope="module")
+def ec2_endpoint():
+    """EC2 on a moto server of its own: each test resets it, which on the shared S3 server would
+    also wipe the buckets of tests running beside these on another xdist worker."""
+    with moto_server() as url:
+        yield url
+
+
 @pytest.fixture
-def ec2(s3_endpoint, settings):
+def ec2(ec2_endpoint, settings):
     """EC2 (moto, reset) behind the refusing proxy; the `aws` provider offered and usable."""
-    httpx.post(f"{s3_endpoint}/moto-api/reset")
-    proxy = Ec2Proxy(s3_endpoint)
+    httpx.post(f"{ec2_endpoint}/moto-api/reset")
+    proxy = Ec2Proxy(ec2_endpoint)
     settings.AWS_ENDPOINT_URL = proxy.url
     settings.VERI_AWS_AMI_ID = "ami-0123456789abcdef0"
     settings.VERI_PROVIDER_ADAPTERS = {
@@ -86,16 +95,16 @@ def sft_dataset(api_client, billed, settings, local_store_url):
 
 
 def test_a_job_launches_a_tagged_instance_with_the_bootstrap_and_cancel_terminates_it_once(
-    ec2, api_client, sft_dataset, s3_endpoint
+    ec2, api_client, sft_dataset, ec2_endpoint
 ):
     job = submit_aws(api_client, sft_dataset)
     assert tasks.provision_job(job_id=job.pk) != "not claimed"
-    [instance] = instances(s3_endpoint)
+    [instance] = instances(ec2_endpoint)
     tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
     assert tags[JOB_TAG] == job.public_id and tags[DEPLOYMENT_TAG] == deployment_id()
     assert instance["InstanceType"] == "g6.xlarge"
     assert instance["Placement"]["AvailabilityZone"] == ZONES[0]
-    user_data = ec2_client(s3_endpoint).describe_instance_attribute(
+    user_data = ec2_client(ec2_endpoint).describe_instance_attribute(
         InstanceId=instance["InstanceId"], Attribute="userData"
     )["UserData"]["Value"]
     script = base64.b64decode(user_data).decode()
@@ -111,7 +120,7 @@ def test_a_job_launches_a_tagged_instance_with_the_bootstrap_and_cancel_terminat
 
     assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").status_code == 200
     api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")  # twice: still one terminate
-    [after] = instances(s3_endpoint)
+    [after] = instances(ec2_endpoint)
     assert after["State"]["Name"] == "terminated"
     assert [c["InstanceId.1"] for c in ec2.calls("TerminateInstances")] == [instance["InstanceId"]]
     assert (
@@ -130,22 +139,22 @@ def test_a_job_launches_a_tagged_instance_with_the_bootstrap_and_cancel_terminat
     ],
 )
 def test_multi_gpu_shapes_launch_their_instance_types(
-    ec2, api_client, sft_dataset, s3_endpoint, gpu_type, gpu_count, expected
+    ec2, api_client, sft_dataset, ec2_endpoint, gpu_type, gpu_count, expected
 ):
     job = submit_aws(api_client, sft_dataset, gpu_type=gpu_type, gpu_count=gpu_count)
     assert tasks.provision_job(job_id=job.pk) == "launched"
-    [instance] = instances(s3_endpoint)
+    [instance] = instances(ec2_endpoint)
     assert instance["InstanceType"] == expected
     assert Instance.objects.get(job=job).gpu_count == gpu_count
 
 
 def test_a_zone_without_capacity_moves_the_launch_to_the_next_zone(
-    ec2, api_client, sft_dataset, s3_endpoint
+    ec2, api_client, sft_dataset, ec2_endpoint
 ):
     ec2.refusals[ZONES[0]] = "InsufficientInstanceCapacity"
     job = submit_aws(api_client, sft_dataset)
     tasks.provision_job(job_id=job.pk)
-    [instance] = instances(s3_endpoint)
+    [instance] = instances(ec2_endpoint)
     assert instance["Placement"]["AvailabilityZone"] == ZONES[1]
     outcomes = list(
         LaunchAttempt.objects.filter(job=job).order_by("pk").values_list("zone", "outcome")
@@ -161,7 +170,7 @@ def test_a_zone_without_capacity_moves_the_launch_to_the_next_zone(
     ],
 )
 def test_refusals_in_every_zone_fail_with_the_catalogs_code_and_bill_nothing(
-    ec2, api_client, sft_dataset, s3_endpoint, refusal, code
+    ec2, api_client, sft_dataset, ec2_endpoint, refusal, code
 ):
     for zone in ZONES:
         ec2.refusals[zone] = refusal
@@ -169,7 +178,7 @@ def test_refusals_in_every_zone_fail_with_the_catalogs_code_and_bill_nothing(
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
     assert (job.status, job.error_code) == ("failed", code)
-    assert instances(s3_endpoint) == []
+    assert instances(ec2_endpoint) == []
     tasks.settle_job(job_id=job.pk)
     job.refresh_from_db()
     assert job.cost_micros == 0
@@ -180,7 +189,7 @@ def test_refusals_in_every_zone_fail_with_the_catalogs_code_and_bill_nothing(
 
 
 def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
-    ec2, api_client, sft_dataset, s3_endpoint
+    ec2, api_client, sft_dataset, ec2_endpoint
 ):
     live = submit_aws(api_client, sft_dataset)
     tasks.provision_job(job_id=live.pk)
@@ -188,7 +197,7 @@ def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     tasks.provision_job(job_id=ended.pk)
     # The job ended, but its machine was left running (a terminate that never reached EC2).
     TrainingJob.objects.filter(pk=ended.pk).update(status="failed", error_code="worker_failed")
-    client = ec2_client(s3_endpoint)
+    client = ec2_client(ec2_endpoint)
 
     def launch_tagged(job_id: str, deployment: str) -> str:
         tags = [{"Key": JOB_TAG, "Value": job_id}, {"Key": DEPLOYMENT_TAG, "Value": deployment}]
@@ -207,7 +216,7 @@ def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     swept = provider_services.sweep_orphans()
     ended_id = Instance.objects.get(job=ended).external_id
     assert sorted(swept) == sorted([ended_id, f"us-east-1/{unknown}", f"us-east-1/{duplicate}"])
-    states = {i["InstanceId"]: i["State"]["Name"] for i in instances(s3_endpoint)}
+    states = {i["InstanceId"]: i["State"]["Name"] for i in instances(ec2_endpoint)}
     live_id = Instance.objects.get(job=live).external_id.split("/")[1]
     assert states[live_id] == "running" and states[someone_elses] == "running"
     assert Instance.objects.get(job=ended).terminated_at is not None
@@ -331,7 +340,7 @@ def test_an_operator_with_aws_gets_jobs_launched_on_ec2_by_the_qcluster(
     ec2,
     api_client,
     sft_dataset,
-    s3_endpoint,
+    ec2_endpoint,
     qcluster,  # noqa: F811
     settings,
 ):
@@ -348,20 +357,20 @@ def test_an_operator_with_aws_gets_jobs_launched_on_ec2_by_the_qcluster(
     while not Instance.objects.filter(job=job).exclude(external_id="").exists():
         assert time.monotonic() < deadline, "the qcluster never launched the job"
         time.sleep(0.2)
-    [instance] = instances(s3_endpoint)
+    [instance] = instances(ec2_endpoint)
     assert {t["Key"]: t["Value"] for t in instance["Tags"]}[JOB_TAG] == job.public_id
     assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").status_code == 200
-    [after] = instances(s3_endpoint)
+    [after] = instances(ec2_endpoint)
     assert after["State"]["Name"] == "terminated"
 
 
 def test_a_full_vcpu_quota_is_quota_exceeded_before_anything_is_launched(
-    ec2, api_client, sft_dataset, s3_endpoint
+    ec2, api_client, sft_dataset, ec2_endpoint
 ):
     ec2.quotas["L-DB2E81BA"] = 4  # G instances: room for one g6.xlarge
     first = submit_aws(api_client, sft_dataset)
     tasks.provision_job(job_id=first.pk)
-    assert len(instances(s3_endpoint)) == 1
+    assert len(instances(ec2_endpoint)) == 1
     second = submit_aws(api_client, sft_dataset)
     tasks.provision_job(job_id=second.pk)
     second.refresh_from_db()
