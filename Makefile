@@ -19,7 +19,7 @@ demo: install
 	$(PY) manage.py quickstart
 
 test: install
-	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --durations=15 $(PYTEST_ARGS)
 
 # PostgreSQL, Redis, moto as the S3 store, gunicorn and two qclusters; Ctrl-C stops them.
 serve-prod-like: install

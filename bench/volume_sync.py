@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.common import BIN, s3_client, start_moto, timed
-from worker.volumes import PART_SIZE, RANGED_ABOVE, sync_volume
+from worker.volumes import PART_SIZE, SPLIT_ABOVE, sync_volume
 
 BUCKET = "bench"
 
@@ -110,10 +110,10 @@ def main() -> None:
                 "ceiling (16 GET threads)": lambda f=files, n=name: ceiling(
                     s3, f, work / "ceiling" / n
                 ),
-                # The same GETs as the sync makes (large files in PART_SIZE ranges), without the
-                # hashing or checks: what verification costs, apart from how bytes are fetched.
-                "same GETs, no checks": lambda f=files, n=name: ceiling(
-                    s3, f, work / "ranged" / n, part_size=PART_SIZE, ranged_above=RANGED_ABOVE
+                # Every large file in PART_SIZE ranges from the start, as the sync did before it
+                # judged its connections: moto reads the whole object again for each range.
+                "ranged GETs, no checks": lambda f=files, n=name: ceiling(
+                    s3, f, work / "ranged" / n, part_size=PART_SIZE, ranged_above=SPLIT_ABOVE
                 ),
             }
             times = {}
@@ -131,7 +131,7 @@ def main() -> None:
             print(f"  ratio vs aws s3 sync : {times['aws s3 sync'] / veri:.2f}x (>1: veri faster)")
             print(f"  ratio vs s5cmd sync  : {times['s5cmd sync'] / veri:.2f}x")
             print(f"  share of ceiling     : {times['ceiling (16 GET threads)'] / veri:.2f}")
-            print(f"  share of same GETs   : {times['same GETs, no checks'] / veri:.2f}")
+            print(f"  vs ranged GETs       : {times['ranged GETs, no checks'] / veri:.2f}x")
     finally:
         moto.terminate()
         moto.wait()

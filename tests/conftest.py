@@ -29,13 +29,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def pytest_collection_modifyitems(items):
-    """`make test` runs two xdist workers (--dist loadgroup): the slow end-to-end tests all go to
-    one of them, so that no two real trainings share the 2 cores and stretch the time limits
-    those tests assert, while the other worker runs the rest beside them."""
-    for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("slow"))
+# Folders whose tests train for real, drive a browser or run the production topology.
+HEAVY = ("tests/e2e/", "tests/browser/", "tests/topology/")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two xdist workers: the heavy folders' tests all go to one of them, one at a
+    time, and the rest to the other beside them. Two real trainings at once on 2 cores would
+    stretch the time limits those tests assert. (xdist's own loadgroup cannot do this under
+    pytest 9, whose node ids it no longer rewrites.)"""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "heavy" if nodeid.startswith(HEAVY) else nodeid
+
+    return HeavyTogether(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,16 @@
 """Mount volumes: each is synced to `<mount root>/<name>` with short-lived read credentials (scoped
-STS credentials on S3, signed URLs on the local store), many files at once and large files in
-ranged parts, then checked against what the control plane recorded."""
+STS credentials on S3, signed URLs on the local store), many files at once, a large file split in
+ranged parts when one connection alone would be slow, then checked against what the control plane
+recorded."""
 
+import contextlib
 import hashlib
 import os
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +21,13 @@ from worker.errors import JobFailure
 
 PART_SIZE = 64 * 1024**2
 CHUNK = 1024 * 1024
-RANGED_ABOVE = 128 * 1024**2
+SPLIT_ABOVE = 128 * 1024**2  # a smaller file always comes in one GET
+# A large file starts as one GET; after PROBE_SECONDS, if the rest would take more than
+# SPLIT_WORTH_SECONDS at that connection's rate, the rest is split into ranged GETs. More
+# connections pay where one connection is the limit (S3 gives each about 100 MB/s); where one
+# already runs at memory speed, each extra GET only adds the store's per-request work.
+PROBE_SECONDS = 0.5
+SPLIT_WORTH_SECONDS = 1.0
 PARALLEL = 16
 REFRESH_MARGIN_SECONDS = 300
 DISK_SHARE = 0.8
@@ -63,21 +72,30 @@ class Fetcher:
             answer = self.api.call("POST", "/volume-credentials")
             self._use(next(v for v in answer["volumes"] if v["name"] == self.name))
 
-    def copy(self, file: dict, out, start: int | None = None, end: int | None = None) -> None:
-        """Stream the object (or bytes start..end) into `out` a chunk at a time: memory stays
-        flat however large the file, with 16 downloads at once."""
+    @contextlib.contextmanager
+    def chunks(
+        self, file: dict, start: int | None = None, end: int | None = None
+    ) -> Iterator[Iterator[bytes]]:
+        """The object's bytes (or bytes start..end) a chunk at a time, so memory stays flat
+        however large the file, with 16 downloads at once; leaving early drops the connection."""
         self._fresh()
         byte_range = f"bytes={start}-{end}" if start is not None else None
         if self.s3 is not None:
             kwargs = {"Range": byte_range} if byte_range else {}
             body = self.s3.get_object(Bucket=self.credentials["bucket"], Key=file["key"], **kwargs)
-            for chunk in body["Body"].iter_chunks(CHUNK):
-                out.write(chunk)
+            try:
+                yield body["Body"].iter_chunks(CHUNK)
+            finally:
+                body["Body"].close()
             return
         headers = {"Range": byte_range} if byte_range else {}
         with self.http.stream("GET", self.urls[file["path"]], headers=headers) as response:
             response.raise_for_status()
-            for chunk in response.iter_bytes(CHUNK):
+            yield response.iter_bytes(CHUNK)
+
+    def copy(self, file: dict, out, start: int | None = None, end: int | None = None) -> None:
+        with self.chunks(file, start, end) as chunks:
+            for chunk in chunks:
                 out.write(chunk)
 
 
@@ -93,37 +111,12 @@ class _Hashing:
 
 
 def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecutor | None) -> str:
-    """Fetch the file (a large one in ranged parts on `pool`) and return its sha256, computed
-    while it arrives rather than by reading it again afterwards: each part is hashed, in order,
-    as soon as it and those before it are on disk, while later parts are still downloading."""
+    """Fetch the file and return its sha256, computed while it arrives rather than by reading it
+    again afterwards. A large one may be split (see PROBE_SECONDS) into ranged parts on `pool`."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
-    size = file["size"]
-    if size > RANGED_ABOVE and pool is not None:
-        with partial.open("wb") as out:
-            out.truncate(size)
-
-        def part(start: int) -> None:
-            with partial.open("r+b") as out:  # each part writes through its own handle
-                out.seek(start)
-                fetcher.copy(file, out, start, min(start + PART_SIZE, size) - 1)
-
-        starts = range(0, size, PART_SIZE)
-        parts = [pool.submit(part, start) for start in starts]
-        digest = hashlib.sha256()
-        try:
-            with partial.open("rb") as written:
-                for start, done in zip(starts, parts, strict=True):
-                    done.result()
-                    written.seek(start)
-                    left = min(PART_SIZE, size - start)
-                    while left and (chunk := written.read(min(CHUNK * 8, left))):
-                        digest.update(chunk)
-                        left -= len(chunk)
-        finally:
-            for pending in parts:
-                pending.cancel()
-        sha256 = digest.hexdigest()
+    if file["size"] > SPLIT_ABOVE and pool is not None:
+        sha256 = _download_splitting(fetcher, file, partial, pool)
     else:
         with partial.open("wb") as out:
             hashing = _Hashing(out)
@@ -131,6 +124,58 @@ def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecut
         sha256 = hashing.digest.hexdigest()
     os.replace(partial, target)
     return sha256
+
+
+def _download_splitting(
+    fetcher: Fetcher, file: dict, partial: Path, pool: ThreadPoolExecutor
+) -> str:
+    """One GET of the whole file, hashed as it arrives. When the rest is judged worth splitting,
+    this GET stops at the next PART_SIZE boundary and the parts after it come in ranged GETs on
+    `pool`; each is hashed, in order, as soon as it and those before it are on disk."""
+    size = file["size"]
+    digest = hashlib.sha256()
+    parts: list[tuple[int, Future]] = []
+
+    def part(start: int) -> None:
+        with partial.open("r+b") as out:  # each part writes through its own handle
+            out.seek(start)
+            fetcher.copy(file, out, start, min(start + PART_SIZE, size) - 1)
+
+    try:
+        with partial.open("wb") as out:
+            out.truncate(size)
+            stop, got, judged, started = size, 0, False, time.monotonic()
+            with fetcher.chunks(file) as chunks:
+                for chunk in chunks:
+                    chunk = chunk[: stop - got]
+                    out.write(chunk)
+                    digest.update(chunk)
+                    got += len(chunk)
+                    if got >= stop:
+                        break
+                    elapsed = time.monotonic() - started
+                    if not judged and elapsed >= PROBE_SECONDS:
+                        judged = True
+                        # The rest's time at this rate: (size - got) / (got / elapsed).
+                        if (size - got) * elapsed > SPLIT_WORTH_SECONDS * got:
+                            stop = min(size, (got // PART_SIZE + 1) * PART_SIZE)
+                            parts = [
+                                (s, pool.submit(part, s)) for s in range(stop, size, PART_SIZE)
+                            ]
+        with partial.open("rb") as written:
+            for start, done in parts:
+                done.result()
+                written.seek(start)
+                left = min(PART_SIZE, size - start)
+                while left and (chunk := written.read(min(CHUNK * 8, left))):
+                    digest.update(chunk)
+                    left -= len(chunk)
+    finally:
+        # Nothing may still write into the file once this returns or raises.
+        for _, pending in parts:
+            pending.cancel()
+        wait([pending for _, pending in parts])
+    return digest.hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -159,8 +204,8 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
     fetcher = Fetcher(api, volume)
     problems: dict[str, str] = {}
     started = time.monotonic()
-    small = [f for f in volume["files"] if f["size"] <= RANGED_ABOVE]
-    large = [f for f in volume["files"] if f["size"] > RANGED_ABOVE]
+    small = [f for f in volume["files"] if f["size"] <= SPLIT_ABOVE]
+    large = [f for f in volume["files"] if f["size"] > SPLIT_ABOVE]
 
     arrived: dict[str, str] = {}  # path → sha256 of the bytes as they arrived
 
@@ -174,7 +219,7 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         list(pool.map(fetch, small))
-        # Large files side by side, each in ranged parts sharing the same pool.
+        # Large files side by side, each split (when worth it) in ranged parts on the same pool.
         with ThreadPoolExecutor(max(1, min(len(large), 4))) as files_pool:
             list(files_pool.map(lambda file: fetch(file, pool), large))
 
