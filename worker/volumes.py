@@ -22,12 +22,15 @@ from worker.errors import JobFailure
 PART_SIZE = 64 * 1024**2
 CHUNK = 1024 * 1024
 SPLIT_ABOVE = 128 * 1024**2  # a smaller file always comes in one GET
-# A large file starts as one GET; after PROBE_SECONDS, if the rest would take more than
-# SPLIT_WORTH_SECONDS at that connection's rate, the rest is split into ranged GETs. More
-# connections pay where one connection is the limit (S3 gives each about 100 MB/s); where one
-# already runs at memory speed, each extra GET only adds the store's per-request work.
+# A large file starts as one GET. After PROBE_SECONDS, if the rest would take more than
+# SPLIT_WORTH_SECONDS at that connection's rate, a second connection fetches the file's last part;
+# only if the two together run SPLIT_GAIN times as fast as the first did alone is the rest split
+# into ranged GETs. More connections pay where one connection is the limit (S3 gives each about
+# 100 MB/s); where the store or the link is the limit they only add work (moto, for one, reads
+# the whole object again for every range).
 PROBE_SECONDS = 0.5
 SPLIT_WORTH_SECONDS = 1.0
+SPLIT_GAIN = 1.5
 PARALLEL = 16
 REFRESH_MARGIN_SECONDS = 300
 DISK_SHARE = 0.8
@@ -129,22 +132,29 @@ def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecut
 def _download_splitting(
     fetcher: Fetcher, file: dict, partial: Path, pool: ThreadPoolExecutor
 ) -> str:
-    """One GET of the whole file, hashed as it arrives. When the rest is judged worth splitting,
-    this GET stops at the next PART_SIZE boundary and the parts after it come in ranged GETs on
-    `pool`; each is hashed, in order, as soon as it and those before it are on disk."""
+    """One GET of the whole file, hashed as it arrives; a second connection, then ranged parts, as
+    the comment at PROBE_SECONDS says. Once parts after it are fetched, this GET stops where they
+    begin, and each part is hashed, in order, as soon as it and those before it are on disk."""
     size = file["size"]
+    last = (size - 1) // PART_SIZE * PART_SIZE  # where the file's last part starts
     digest = hashlib.sha256()
-    parts: list[tuple[int, Future]] = []
+    parts: list[tuple[int, Future]] = []  # the parts after `stop`, in file order
+    launched: list[Future] = []
 
-    def part(start: int) -> None:
-        with partial.open("r+b") as out:  # each part writes through its own handle
-            out.seek(start)
-            fetcher.copy(file, out, start, min(start + PART_SIZE, size) - 1)
+    def fetch_part(start: int) -> Future:
+        def part() -> None:
+            with partial.open("r+b") as out:  # each part writes through its own handle
+                out.seek(start)
+                fetcher.copy(file, out, start, min(start + PART_SIZE, size) - 1)
+
+        launched.append(pool.submit(part))
+        return launched[-1]
 
     try:
         with partial.open("wb") as out:
             out.truncate(size)
             stop, got, judged, started = size, 0, False, time.monotonic()
+            probe = None  # the second connection: its future, when it started, `got` then
             with fetcher.chunks(file) as chunks:
                 for chunk in chunks:
                     chunk = chunk[: stop - got]
@@ -153,15 +163,25 @@ def _download_splitting(
                     got += len(chunk)
                     if got >= stop:
                         break
-                    elapsed = time.monotonic() - started
-                    if not judged and elapsed >= PROBE_SECONDS:
+                    now = time.monotonic()
+                    if not judged and now - started >= PROBE_SECONDS:
                         judged = True
-                        # The rest's time at this rate: (size - got) / (got / elapsed).
-                        if (size - got) * elapsed > SPLIT_WORTH_SECONDS * got:
-                            stop = min(size, (got // PART_SIZE + 1) * PART_SIZE)
-                            parts = [
-                                (s, pool.submit(part, s)) for s in range(stop, size, PART_SIZE)
-                            ]
+                        alone = got / (now - started)  # bytes per second on one connection
+                        if size - got > alone * SPLIT_WORTH_SECONDS and last > got:
+                            probe = (fetch_part(last), now, got)
+                    elif probe and probe[0].done():
+                        future, since, got_then = probe
+                        probe = None
+                        # This GET fetches the part itself if it got there first or the
+                        # probe failed (writing the same bytes over whatever it left).
+                        if got >= last or future.exception():
+                            continue
+                        together = (got - got_then + size - last) / max(now - since, 1e-6)
+                        stop, parts = last, [(last, future)]
+                        if together >= SPLIT_GAIN * alone:
+                            stop = min(last, (got // PART_SIZE + 1) * PART_SIZE)
+                            middle = range(stop, last, PART_SIZE)
+                            parts = [(s, fetch_part(s)) for s in middle] + parts
         with partial.open("rb") as written:
             for start, done in parts:
                 done.result()
@@ -172,9 +192,9 @@ def _download_splitting(
                     left -= len(chunk)
     finally:
         # Nothing may still write into the file once this returns or raises.
-        for _, pending in parts:
-            pending.cancel()
-        wait([pending for _, pending in parts])
+        for future in launched:
+            future.cancel()
+        wait(launched)
     return digest.hexdigest()
 
 

@@ -109,30 +109,48 @@ def test_disk_check_refuses_volumes_over_80_percent_of_free_space(tmp_path):
     )
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["split", "one-get"])
-def test_s3_volume_sync_verifies_what_arrived(s3_endpoint, tmp_path, monkeypatch, split):
+@pytest.mark.parametrize(
+    ("worth", "gain", "ranged"),
+    [(0, 0, "probe and the rest"), (0, 1e9, "probe only"), (1e9, 0, "none")],
+    ids=["split", "probe-only", "one-get"],
+)
+def test_s3_volume_sync_verifies_what_arrived(
+    s3_endpoint, tmp_path, monkeypatch, worth, gain, ranged
+):
+    import contextlib
     import hashlib
     import os
+    import time
 
     from tests.conftest import s3_client
     from worker import volumes
-    from worker.volumes import PART_SIZE, SPLIT_ABOVE, sync_volume
+    from worker.volumes import sync_volume
 
-    # The large file's connection judged at once: too slow, as S3's one-connection rate is for a
-    # large file (the rest comes in ranged parts), or fast enough (it all comes in one GET).
+    # A 40 MiB file in 8 MiB parts, its connection judged at once: slow enough to try a second
+    # one (whose last-part GET then proves worth more, or not), or fast enough for one GET.
+    monkeypatch.setattr(volumes, "SPLIT_ABOVE", 16 * 1024**2)
+    monkeypatch.setattr(volumes, "PART_SIZE", 8 * 1024**2)
     monkeypatch.setattr(volumes, "PROBE_SECONDS", 0)
-    monkeypatch.setattr(volumes, "SPLIT_WORTH_SECONDS", 0 if split else 1e9)
+    monkeypatch.setattr(volumes, "SPLIT_WORTH_SECONDS", worth)
+    monkeypatch.setattr(volumes, "SPLIT_GAIN", gain)
     asked, chunks = [], volumes.Fetcher.chunks
 
+    def paced(stream):
+        for chunk in stream:
+            time.sleep(0.02)  # a slow connection: the second one's part lands before it passes
+            yield chunk
+
+    @contextlib.contextmanager
     def recording(self, file, start=None, end=None):
         asked.append((file["path"], start))
-        return chunks(self, file, start, end)
+        with chunks(self, file, start, end) as stream:
+            yield paced(stream) if start is None else stream
 
     monkeypatch.setattr(volumes.Fetcher, "chunks", recording)
-    bucket = f"sync-test-{split}".lower()
+    bucket = f"sync-test-{ranged}".replace(" ", "-")
     s3 = s3_client(s3_endpoint)
     s3.create_bucket(Bucket=bucket)
-    blobs = {"small.txt": b"hello", "nested/big.bin": os.urandom(SPLIT_ABOVE + 1024)}
+    blobs = {"small.txt": b"hello", "nested/big.bin": os.urandom(40 * 1024**2 + 1024)}
     files = []
     for path, data in blobs.items():
         s3.put_object(Bucket=bucket, Key=f"root/vol/{path}", Body=data)
@@ -163,8 +181,12 @@ def test_s3_volume_sync_verifies_what_arrived(s3_endpoint, tmp_path, monkeypatch
     mounted = sync_volume(None, volume, tmp_path, lambda _: None)
     for path, data in blobs.items():
         assert (mounted / path).read_bytes() == data
+    part, last = 8 * 1024**2, 40 * 1024**2
     starts = sorted(start for path, start in asked if path == "nested/big.bin" and start)
-    assert starts == ([PART_SIZE, 2 * PART_SIZE] if split else [])
+    if ranged == "probe and the rest":  # the parts from a boundary past where the GET was, on
+        assert len(starts) > 1 and starts == list(range(starts[0], last + 1, part)), starts
+    else:
+        assert starts == ([last] if ranged == "probe only" else [])
 
     s3.delete_object(Bucket=bucket, Key="root/vol/small.txt")
     (mounted / "small.txt").unlink()
