@@ -3,8 +3,8 @@ ceiling (16 threads doing plain boto3 GETs), all from one moto S3 server started
 
     .venv/bin/python -m bench.volume_sync [--small 1000] [--large 2] [--large-mib 256] [--repeat 3]
 
-Each tool runs --repeat times into an empty folder, and its best time counts (one loaded 2-core
-machine varies by a third from run to run). Prints each time and ratios (baseline time / Veri
+Each tool runs --repeat times into an empty folder, the tools taking turns, and its best time
+counts (one loaded 2-core machine varies by a third from run to run). Prints each time and ratios (baseline time / Veri
 time: above 1 means Veri is faster).
 """
 
@@ -117,9 +117,10 @@ def main() -> None:
                 ),
             }
             times = {}
-            for label_, run in runs.items():
-                # Best of --repeat, each into an empty folder (a sync skips what is there).
-                for _ in range(args.repeat):
+            # Best of --repeat, each into an empty folder (a sync skips what is there); the tools
+            # take turns, so each sees the server as it is after the same number of runs.
+            for _ in range(args.repeat):
+                for label_, run in runs.items():
                     shutil.rmtree(work, ignore_errors=True)
                     seconds = timed(run)
                     times[label_] = min(times.get(label_, seconds), seconds)

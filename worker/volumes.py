@@ -153,7 +153,10 @@ def _download_splitting(
     try:
         with partial.open("wb") as out:
             out.truncate(size)
-            stop, got, judged, started = size, 0, False, time.monotonic()
+            stop, got, judged = size, 0, False
+            # This connection's rate counts from its first bytes: a store that reads the whole
+            # object before answering would otherwise look slow on one connection.
+            first_at = first_got = None
             probe = None  # the second connection: its future, when it started, `got` then
             with fetcher.chunks(file) as chunks:
                 for chunk in chunks:
@@ -164,9 +167,11 @@ def _download_splitting(
                     if got >= stop:
                         break
                     now = time.monotonic()
-                    if not judged and now - started >= PROBE_SECONDS:
+                    if first_at is None:
+                        first_at, first_got = now, got
+                    elif not judged and now - first_at >= PROBE_SECONDS:
                         judged = True
-                        alone = got / (now - started)  # bytes per second on one connection
+                        alone = (got - first_got) / max(now - first_at, 1e-6)  # bytes/s, one GET
                         if size - got > alone * SPLIT_WORTH_SECONDS and last > got:
                             probe = (fetch_part(last), now, got)
                     elif probe and probe[0].done():
