@@ -4,8 +4,8 @@ ceiling (16 threads doing plain boto3 GETs), all from one moto S3 server started
     .venv/bin/python -m bench.volume_sync [--small 1000] [--large 2] [--large-mib 256] [--repeat 3]
 
 Each tool runs --repeat times into an empty folder, the tools taking turns, and its best time
-counts (one loaded 2-core machine varies by a third from run to run). Prints each time and ratios (baseline time / Veri
-time: above 1 means Veri is faster).
+counts (one loaded 2-core machine varies by a third from run to run). Prints each time and
+ratios (baseline time / Veri time: above 1 means Veri is faster).
 """
 
 import argparse

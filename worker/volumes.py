@@ -137,7 +137,6 @@ def _download_splitting(
     begin, and each part is hashed, in order, as soon as it and those before it are on disk."""
     size = file["size"]
     last = (size - 1) // PART_SIZE * PART_SIZE  # where the file's last part starts
-    digest = hashlib.sha256()
     parts: list[tuple[int, Future]] = []  # the parts after `stop`, in file order
     launched: list[Future] = []
 
@@ -153,6 +152,7 @@ def _download_splitting(
     try:
         with partial.open("wb") as out:
             out.truncate(size)
+            hashing = _Hashing(out)
             stop, got, judged = size, 0, False
             # This connection's rate counts from its first bytes: a store that reads the whole
             # object before answering would otherwise look slow on one connection.
@@ -161,8 +161,7 @@ def _download_splitting(
             with fetcher.chunks(file) as chunks:
                 for chunk in chunks:
                     chunk = chunk[: stop - got]
-                    out.write(chunk)
-                    digest.update(chunk)
+                    hashing.write(chunk)
                     got += len(chunk)
                     if got >= stop:
                         break
@@ -193,14 +192,14 @@ def _download_splitting(
                 written.seek(start)
                 left = min(PART_SIZE, size - start)
                 while left and (chunk := written.read(min(CHUNK * 8, left))):
-                    digest.update(chunk)
+                    hashing.digest.update(chunk)
                     left -= len(chunk)
     finally:
         # Nothing may still write into the file once this returns or raises.
         for future in launched:
             future.cancel()
         wait(launched)
-    return digest.hexdigest()
+    return hashing.digest.hexdigest()
 
 
 def sha256_file(path: Path) -> str:
