@@ -4,6 +4,7 @@ Each entry carries an idempotency key named after what it pays for (`job_charge:
 in the database: a task that runs twice, or twice at once, writes it once."""
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -129,28 +130,37 @@ def is_low_balance(*, workspace: Workspace, balance: int, accrued_micros: int) -
     return left <= 0 or left < recent_daily_spend_micros(workspace=workspace)
 
 
-def require_funds(*, workspace: Workspace, first_hour_micros: int, held_micros: int) -> None:
+def require_funds(
+    *, workspace: Workspace, first_hour_micros: int, held_micros: Callable[[], int]
+) -> None:
     """Submit answers 402 unless the balance covers the job's first hour on top of what the
     workspace's unfinished jobs hold (each one's first hour, or its cost so far once more): ten
-    jobs cannot start on the money for one."""
-    if not BillingAccount.objects.filter(workspace=workspace).exists():
+    jobs cannot start on the money for one.
+
+    Call it inside the transaction that writes the job: it locks the workspace's billing account
+    row until that commits, so concurrent submits are checked one after another, each seeing the
+    jobs the earlier ones wrote. `held_micros` is a callable, asked after the lock for that
+    reason."""
+    account = BillingAccount.objects.select_for_update().filter(workspace=workspace).first()
+    if account is None:
         raise PaymentRequired(
             "This workspace has no billing account; add one before submitting jobs."
         )
+    held = held_micros()
     balance = balance_micros(workspace=workspace)
-    if balance - held_micros < first_hour_micros:
-        held = (
-            f", of which unfinished jobs hold {usd(held_micros)} USD (each one's first hour, or "
+    if balance - held < first_hour_micros:
+        detail = (
+            f", of which unfinished jobs hold {usd(held)} USD (each one's first hour, or "
             "what it has cost so far)"
-            if held_micros
+            if held
             else ""
         )
         raise PaymentRequired(
-            f"The balance is {usd(balance)} USD{held}, and this job's first hour is estimated at "
-            f"{usd(first_hour_micros)} USD. Top up (veri billing top-up AMOUNT) and re-submit.",
+            f"The balance is {usd(balance)} USD{detail}, and this job's first hour is estimated "
+            f"at {usd(first_hour_micros)} USD. Top up (veri billing top-up AMOUNT) and re-submit.",
             code="insufficient_balance",
             balance_usd=usd(balance),
-            held_usd=usd(held_micros),
+            held_usd=usd(held),
             estimate_usd=usd(first_hour_micros),
         )
 

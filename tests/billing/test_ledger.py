@@ -10,12 +10,13 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection, transaction
 from django.db.utils import DatabaseError, IntegrityError
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from billing import services
 from billing.models import AppendOnly, LedgerEntry, Refund
 from providers.models import Instance
 from tests.conftest import assert_error, fill_volume, in_threads, postgres_only, wait_for
-from tests.training.conftest import drive, job_body
+from tests.training.conftest import GRPO_ROWS, drive, job_body, upload_dataset
 from training import errors, tasks
 from training.models import JobEvent, TrainingJob
 from training.services import jobs
@@ -398,6 +399,37 @@ def test_unfinished_jobs_hold_their_first_hour_against_the_balance(
     assert TrainingJob.objects.count() == 1
     api_client.post(f"/v1/training_jobs/{first.json()['id']}/cancel")  # before running: waived
     assert api_client.post("/v1/training_jobs", job_body(dataset), format="json").status_code == 201
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submits_with_money_for_one_start_one_job(
+    api_client, billed, cloud, settings, local_store_url
+):
+    """Twenty submits at once, with a balance that covers one job's first hour: the account row
+    is locked in the submit's transaction, so each sees the jobs the others wrote."""
+    settings.VERI_STORE = local_store_url
+    dataset = upload_dataset(api_client, GRPO_ROWS)
+    spent = services.balance_micros(workspace=billed)
+    services.record_entry(
+        workspace=billed,
+        kind=LedgerEntry.Kind.ADJUSTMENT,
+        amount_micros=-spent + 1_200_000,  # 1.20 USD: one L4 hour (0.805), not two
+        key="test:drain",
+    )
+
+    def submit(_index):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_client.raw_key}")
+        response = client.post("/v1/training_jobs", job_body(dataset), format="json")
+        return response.status_code, response.json()
+
+    answers = in_threads(20, submit)
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [201] + [402] * 19, answers
+    refused = [body["error"]["code"] for status, body in answers if status == 402]
+    assert set(refused) == {"insufficient_balance"}
+    assert TrainingJob.objects.filter(workspace=billed).count() == 1
 
 
 def test_low_balance_counts_what_running_jobs_have_cost_so_far(api_client, dataset, cloud):

@@ -484,12 +484,12 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
     """Plan the job, check the balance covers its first hour, write it queued, queue its launch."""
     plan = plan_job(workspace=workspace, submission=submission)
     sub = plan.sub
-    billing.require_funds(
-        workspace=workspace,
-        first_hour_micros=plan.price_per_hour_micros,
-        held_micros=unbilled(workspace=workspace).held_micros,
-    )
     with transaction.atomic():
+        billing.require_funds(
+            workspace=workspace,
+            first_hour_micros=plan.price_per_hour_micros,
+            held_micros=lambda: unbilled(workspace=workspace).held_micros,
+        )
         job = TrainingJob.objects.create(
             workspace=workspace,
             method=sub.method,
