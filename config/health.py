@@ -1,9 +1,11 @@
 """`/healthz`: whether this process can reach what it needs. 200 when all is well, else 503."""
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django_q.brokers import get_broker
 
+from providers.local import isolation
 from veri.services import deployment_id
 from volumes.stores import get_store
 
@@ -27,6 +29,11 @@ CHECKS = {"database": _database, "broker": _broker, "store": _store}
 
 def healthz(request: HttpRequest) -> JsonResponse:
     answer = {"deployment": deployment_id()}
+    if "local" in settings.VERI_PROVIDER_ADAPTERS:
+        answer["local_provider"] = {
+            "isolation": isolation(),
+            "tenants": "many" if isolation() == "sandbox" else "one",
+        }
     for name, check in CHECKS.items():
         try:
             check()

@@ -18,6 +18,7 @@ from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, P
 from providers.catalog import local_provider
 from providers.models import Instance
 from veri.services import deployment_id
+from worker import sandbox
 
 HOST_SCRIPT = Path(__file__).resolve().with_name("local_host.py")
 # local_host.py's names for the simulated preemption: the notice it watches for in its folder,
@@ -26,21 +27,42 @@ NOTICE_FILE = "preemption-notice.json"
 RECLAIMED_DIR = ".reclaimed"
 
 
-CONTROL_PLANE_ENV = (
-    "SECRET_KEY",
-    "DATABASE_URL",
-    "DJANGO_",
-    "AWS_",
-    "STRIPE_",
-    "VERI_",
-    "Q_CLUSTER",
-)
+# What a local worker gets of this machine's environment, as a worker on a rented box has its
+# box's: paths, locale, thread and device settings, the model cache, its own options. Nothing
+# else: the control plane's settings and every credential (a provider's token, Stripe's key, the
+# database's URL) stay here.
+WORKER_ENV_NAMES = {
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "TOKENIZERS_PARALLELISM",
+}
+WORKER_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "NCCL_", "VERI_WORKER_")
 
 
-def _control_plane_only(name: str) -> bool:
-    """Settings and secrets of the control plane, which a worker must not see; worker options
-    (VERI_WORKER_*) pass."""
-    return name.startswith(CONTROL_PLANE_ENV) and not name.startswith("VERI_WORKER_")
+def worker_env() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k in WORKER_ENV_NAMES or k.startswith(WORKER_ENV_PREFIXES)
+    }
+
+
+def isolation() -> str:
+    """How this machine keeps customer code from the worker and the control plane (what
+    `/healthz` reports): `sandbox` when the platform runs as root and bubblewrap is installed
+    (see worker.sandbox), else `none` (one tenant only)."""
+    return "none" if not sandbox.isolated() or sandbox.missing_sandbox() else "sandbox"
 
 
 def _check_control_plane(api_url: str) -> None:
@@ -144,7 +166,7 @@ class LocalProvider(ProviderAdapter):
         env = {
             # The machine's own environment (BLAS and thread settings, PATH, HOME), as a worker on
             # a rented box has its box's, less the control plane's credentials and settings.
-            **{k: v for k, v in os.environ.items() if not _control_plane_only(k)},
+            **worker_env(),
             "HF_HUB_OFFLINE": "1" if settings.VERI_LOCAL_HUB_OFFLINE else "0",
             "VERI_MOUNT_ROOT": str(folder / "mnt"),
             "VERI_WORK_DIR": str(folder / "work"),

@@ -240,6 +240,26 @@ def attribution_for(code: str, *, gpu_count: int = 1) -> Attribution:
     return CATALOG[code].attribution
 
 
+# A run's phases, in order, as the worker's runner reports them: syncing the volumes (from
+# registering), its hardware check, the training (customer code runs: the reward functions,
+# whatever the dataset makes it load), and finishing (every training process has ended; the
+# runner checks the hardware again after a failure and uploads the final model).
+PHASES = ("sync", "hardware", "training", "finishing")
+# The platform faults a worker may report, each with the phases whose runner checks find it.
+# Customer code runs in the training phase, so none of them is believed from there; every
+# other code a worker reports (the customer's, or `pending` ones) is believed in any phase.
+PLATFORM_FAULT_PHASES = {
+    "volume_sync_incomplete": {"sync"},
+    "hardware_error": {"hardware", "finishing"},
+    "upload_failed": {"finishing"},
+}
+
+
+def believed(code: str, *, phase: str) -> bool:
+    """Whether a worker's report of `code` can be taken in `phase`."""
+    return code not in PLATFORM_FAULT_PHASES or phase in PLATFORM_FAULT_PHASES[code]
+
+
 # Codes only the control plane decides; a worker may report every other one.
 CONTROL_PLANE_CODES = {
     "CAPACITY_UNAVAILABLE",

@@ -90,6 +90,9 @@ class TrainingJob(models.Model):
     stop_code = models.CharField(max_length=40, blank=True)
     stop_message = models.TextField(blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # Where the current run's worker is (`training.errors.PHASES`), as its runner reported: a
+    # platform fault is believed only from the phase whose check finds it.
+    worker_phase = models.CharField(max_length=16, blank=True)
 
     last_step = models.PositiveIntegerField(null=True, blank=True)
     last_step_at = models.DateTimeField(null=True, blank=True)  # when last_step last went up

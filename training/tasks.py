@@ -197,10 +197,20 @@ def _verdict(
         return None
     if job.status == S.CONFIGURING:
         waited = (now - job.configuring_at).total_seconds()
-        if waited > settings.VERI_CONFIGURING_TIMEOUT_SECONDS:
+        limit = settings.VERI_CONFIGURING_TIMEOUT_SECONDS
+        if waited > limit and job.worker_phase in ("training", "finishing"):
+            # The training process had started: the time went to customer code (the dataset,
+            # the reward functions' import, the model it names), not to the platform's setup.
+            return Fault(
+                "training_error",
+                f"The training process started but reached no training step within {limit} s "
+                "of the worker registering: loading the dataset, the reward functions and the "
+                "model took longer than the configuring deadline.",
+                restart=False,
+            )
+        if waited > limit:
             return "configuring_timeout", (
-                f"The worker registered but did not start training within "
-                f"{settings.VERI_CONFIGURING_TIMEOUT_SECONDS} s."
+                f"The worker registered but did not start training within {limit} s."
             )
     silent_since = job.last_heartbeat_at or job.configuring_at or job.provisioning_at
     if watched_since and watched_since > silent_since:

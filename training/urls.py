@@ -20,6 +20,7 @@ urlpatterns = [
     path("worker/jobs/<str:job_id>/spec", worker_api.WorkerSpecView.as_view()),
     path("worker/jobs/<str:job_id>/status", worker_api.WorkerStatusView.as_view()),
     path("worker/jobs/<str:job_id>/heartbeat", worker_api.WorkerHeartbeatView.as_view()),
+    path("worker/jobs/<str:job_id>/phase", worker_api.WorkerPhaseView.as_view()),
     path("worker/jobs/<str:job_id>/notice", worker_api.WorkerNoticeView.as_view()),
     path("worker/jobs/<str:job_id>/logs", worker_api.WorkerLogsView.as_view()),
     path("worker/jobs/<str:job_id>/metrics", worker_api.WorkerMetricsView.as_view()),

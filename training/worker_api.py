@@ -153,6 +153,21 @@ class WorkerStatusView(WorkerView):
         return _ok(worker_services.report_status(job=self.job, status=status))
 
 
+class WorkerPhaseView(WorkerView):
+    class WorkerPhaseIn(serializers.Serializer):
+        phase = serializers.ChoiceField(choices=["sync", "hardware", "training", "finishing"])
+
+    @extend_schema(
+        request=WorkerPhaseIn,
+        responses={200: Ack},
+        summary="The runner moved on to the next phase of its run",
+        examples=[OpenApiExample("Customer code starts", {"phase": "training"}, request_only=True)],
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        phase = self.validated(self.WorkerPhaseIn, request.data)["phase"]
+        return _ok(worker_services.enter_phase(job=self.job, phase=phase))
+
+
 class WorkerHeartbeatView(WorkerView):
     class WorkerHeartbeatIn(serializers.Serializer):
         step = serializers.IntegerField(

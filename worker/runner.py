@@ -23,10 +23,11 @@ from pathlib import Path
 
 import httpx
 
+from worker import outputs, sandbox
 from worker.client import ControlPlane, ControlPlaneError, Shipper
-from worker.errors import JobFailure
+from worker.errors import TRAINING_CODES, JobFailure
 from worker.preemption import Notice, PreemptionWatch, notice_source
-from worker.volumes import mount_volumes, sha256_file
+from worker.volumes import mount_volumes
 
 # How long a paused training waits past the provider's termination time (or past the notice,
 # when the provider gave no time) before deciding the machine stays after all.
@@ -52,19 +53,17 @@ def _free_port() -> int:
 
 
 def _rank_env(rank: int, world: int, port: int) -> dict:
-    """The training's environment for one rank, as torchrun sets it for one machine; never the
-    job token, which customer code has no use for."""
-    env = {k: v for k, v in os.environ.items() if k != "VERI_JOB_TOKEN"}
-    if world > 1:
-        env |= {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-    return env
+    """One rank's place in the training, as torchrun sets it for one machine."""
+    if world == 1:
+        return {}
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def _how_it_ended(status: int) -> str:
@@ -91,10 +90,10 @@ def check_hardware(device: str, world: int) -> str | None:
     port = _free_port()
     checks = [
         subprocess.Popen(
-            [sys.executable, "-m", "worker.hardware", device],
+            [sys.executable, "-P", "-m", "worker.hardware", device],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=_rank_env(rank, world, port),
+            env=os.environ | _rank_env(rank, world, port),
             text=True,
         )
         for rank in range(world)
@@ -126,10 +125,46 @@ def _last_json(output: str) -> dict | None:
     return None
 
 
+EVENT_KINDS = {"running", "step", "saving", "metrics", "samples", "checkpoint"}
+END_KINDS = {"error", "finished", "stopped"}
+
+
+def _step(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ValueError(f"step {value!r}")
+    return value
+
+
+def _parse_event(raw: str) -> dict:
+    """One event line of the training process, checked: it is customer code's to write, so a
+    line that is not a well-formed event ends the training as its own error."""
+    try:
+        event = json.loads(raw)
+        kind = event["event"]
+        if kind not in EVENT_KINDS | END_KINDS:
+            raise ValueError(f"kind {kind!r}")
+        if kind not in ("running", "error"):
+            event["step"] = _step(event.get("step", 0))
+        if kind == "error":
+            event["code"], event["message"] = str(event["code"]), str(event["message"])[:10_000]
+        if kind == "metrics" and not isinstance(event["values"], dict):
+            raise ValueError("metrics without values")
+        if kind == "samples" and not isinstance(event["samples"], list):
+            raise ValueError("samples without a list")
+        return event
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        return {
+            "event": "error",
+            "code": "training_error",
+            "message": f"the training process sent a malformed event ({exc}): {raw[:200]!r}",
+        }
+
+
 class Runner:
     def __init__(self, *, job_id: str, api_url: str, token: str, work_dir: Path, mount_root: Path):
         self.api = ControlPlane(api_url=api_url, job_id=job_id, token=token)
         self.job_id, self.work, self.mount_root = job_id, work_dir, mount_root
+        self.home = work_dir / "home"  # the training's: its working folder and outputs
         self.shipper: Shipper | None = None
         self.http = httpx.Client(timeout=600)
         self.child: subprocess.Popen | None = None
@@ -271,10 +306,16 @@ class Runner:
         except ControlPlaneError as exc:
             print(f"[veri] could not report the result: {exc}", flush=True)
 
+    def enter_phase(self, phase: str) -> None:
+        """Tell the control plane which of the runner's phases the run is in: a platform fault is
+        believed only from the runner's check of its own phase (see training.errors)."""
+        self.api.call("POST", "/phase", json={"phase": phase})
+
     def prepare(self, spec: dict, mounts: dict) -> dict:
         """The child's job file: the spec with local paths for data, model and resume point."""
         self.work.mkdir(parents=True, exist_ok=True)
-        job = dict(spec, output_dir=str(self.work / "output"), final_dir=str(self.work / "final"))
+        self.work.chmod(0o755)  # read by the training's user; written by the runner only
+        job = dict(spec, output_dir=str(self.home / "output"), final_dir=str(self.home / "final"))
         data = dict(spec["dataset"])
         if data["source"] == "upload":
             target = self.work / "dataset.jsonl"
@@ -295,6 +336,9 @@ class Runner:
                 self.fetch(file["url"], folder / file["path"])
             job["resume_path"] = str(folder)
             self.say(f"[veri] resuming from {resume['checkpoint_id']} at step {resume['step']}")
+        sandbox.prepare_home(
+            self.home, sandbox.training_uid(self.job_id) if sandbox.isolated() else None
+        )
         return job
 
     def fetch(self, url: str, target: Path) -> None:
@@ -313,14 +357,18 @@ class Runner:
         job_file.write_text(json.dumps(job))
         world, device = job.get("gpu_count", 1), _device(job)
         checked = world > 1 or device == "cuda"
+        self.enter_phase("hardware")
+        if problem := sandbox.missing_sandbox():
+            raise JobFailure("hardware_error", f"this machine cannot run the job: {problem}")
         if checked:
             if problem := check_hardware(device, world):
                 raise JobFailure("hardware_error", f"the hardware check failed: {problem}")
             self.say(f"[veri] hardware check passed: {world} {device} rank(s), devices and link")
         read_fd, write_fd = os.pipe()
         port = _free_port()
+        self.enter_phase("training")  # customer code from here on
         self.ranks = [
-            self._start_rank(rank, world, port, job_file, write_fd) for rank in range(world)
+            self._start_rank(rank, world, port, job, job_file, write_fd) for rank in range(world)
         ]
         self.child = self.ranks[0]
         os.close(write_fd)
@@ -336,15 +384,16 @@ class Runner:
         for reader in readers:
             reader.start()
         try:
-            with os.fdopen(read_fd) as events:
+            with os.fdopen(read_fd, errors="replace") as events:
                 for raw in events:
-                    self._on_event(json.loads(raw), outcome)
+                    self._on_event(_parse_event(raw), outcome)
         finally:
             if not outcome:  # the runner gave up: stop the training too
                 self._kill_ranks()
         statuses = [self.child.wait(), *map(_wait_or_kill, self.ranks[1:])]
         for reader in readers:
             reader.join()
+        self.enter_phase("finishing")  # no customer code runs any more
         failure = self._failure(outcome, statuses)
         if failure:
             for rank in range(1, world):
@@ -360,17 +409,19 @@ class Runner:
         job["final_step"] = outcome.get("finished", {}).get("step", 0)
 
     def _start_rank(
-        self, rank: int, world: int, port: int, job_file: Path, events_fd: int
+        self, rank: int, world: int, port: int, job: dict, job_file: Path, events_fd: int
     ) -> subprocess.Popen:
-        env = _rank_env(rank, world, port) | {"PYTHONUNBUFFERED": "1"}
+        extra = _rank_env(rank, world, port)
         if rank == 0:
-            env["VERI_EVENTS_FD"] = str(events_fd)
-        return subprocess.Popen(
-            [sys.executable, "-m", "worker.train", str(job_file)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=[events_fd] if rank == 0 else (),
-            env=env,
+            extra["VERI_EVENTS_FD"] = str(events_fd)
+        return sandbox.start(
+            [sys.executable, "-P", "-m", "worker.train", str(job_file)],
+            job_id=self.job_id,
+            home=self.home,
+            readable=[self.work, self.mount_root, *filter(None, [sandbox.hub_cache()])],
+            cuda=_device(job) == "cuda",
+            env=sandbox.training_env(self.home, extra),
+            pass_fds=(events_fd,) if rank == 0 else (),
         )
 
     def _kill_ranks(self) -> None:
@@ -417,7 +468,15 @@ class Runner:
 
     def _failure(self, outcome: dict, statuses: list[int]) -> JobFailure | None:
         if "error" in outcome:
-            return JobFailure(outcome["error"]["code"], outcome["error"]["message"])
+            code, message = outcome["error"]["code"], outcome["error"]["message"]
+            if code not in TRAINING_CODES:
+                # Customer code runs in that process: what it says cannot be a platform fault.
+                return JobFailure(
+                    "training_error",
+                    f"the training process reported {code!r}, which only the platform's own "
+                    f"checks report; it counts as the training's own error: {message}",
+                )
+            return JobFailure(code, message)
         if "stopped" in outcome and self.stop:
             step = outcome["stopped"]["step"]
             return JobFailure(self.stop["code"], f"{self.stop['message']} Stopped at step {step}.")
@@ -470,12 +529,17 @@ class Runner:
         elif kind == "checkpoint":
             self.saving = False
             self.step_times.append(time.monotonic())
-            folder = Path(event["path"])
+            # The folder is where the training saves (see worker.train), never a path it names.
+            name = f"checkpoint-{event['step']}"
             try:
                 self.upload_checkpoint(
-                    folder, event["step"], f"checkpoints/step-{event['step']:08d}", final=False
+                    ("outbox", name),
+                    event["step"],
+                    f"checkpoints/step-{event['step']:08d}",
+                    final=False,
                 )
-            except (JobFailure, OSError) as failure:  # the job goes on; the final upload decides
+            except (JobFailure, ControlPlaneError, OSError) as failure:
+                # The job goes on; the final upload decides.
                 reason = failure.message if isinstance(failure, JobFailure) else repr(failure)
                 self.say(f"[veri] checkpoint {event['step']} was not saved: {reason}")
             else:
@@ -484,40 +548,56 @@ class Runner:
                     # step, and its check needs this run's value of it.
                     self.flushed = event["step"]
             finally:
-                shutil.rmtree(folder, ignore_errors=True)
-        elif kind in ("error", "finished", "stopped"):
+                shutil.rmtree(self.home / "outbox" / name, ignore_errors=True)
+        elif kind in END_KINDS:
             with self.signals_lock:
                 self.child_signals = "over"
             outcome[kind] = event
 
-    def upload_checkpoint(self, folder: Path, step: int, remote: str, *, final: bool) -> None:
-        files = sorted(p for p in folder.rglob("*") if p.is_file())
-        relative = [p.relative_to(folder).as_posix() for p in files]
-        with ThreadPoolExecutor(4) as pool:
-            digests = list(pool.map(sha256_file, files))
+    def upload_checkpoint(self, parts: tuple[str, ...], step: int, remote: str, *, final: bool):
+        """Upload the training's folder `home/parts…` as a checkpoint (or the final model). What
+        the folder holds is the training's doing: files the control plane refuses (their names,
+        their number) are the training's error; a store refusing the bytes is the platform's
+        (`upload_failed`)."""
+        try:
+            files, skipped = outputs.open_files(self.home, *parts)
+        except outputs.Unreadable as exc:
+            raise JobFailure(
+                "training_error", f"the training's output cannot be saved: {exc}"
+            ) from exc
+        try:
+            for path in skipped:
+                self.say(f"[veri] not saved: {'/'.join(parts)}/{path} is not a regular file")
+            self._upload_files(files, step, remote, final=final)
+        finally:
+            outputs.close_all(files)
+
+    def _upload_files(self, files: list, step: int, remote: str, *, final: bool) -> None:
         # Signed with each file's sha256: the store refuses bytes that changed on the way.
-        answer = self.api.call(
-            "POST",
-            "/output-credentials",
-            json={
-                "files": [
-                    {"path": f"{remote}/{r}", "sha256": d}
-                    for r, d in zip(relative, digests, strict=True)
-                ]
-            },
-        )
+        try:
+            answer = self.api.call(
+                "POST",
+                "/output-credentials",
+                json={"files": [{"path": f"{remote}/{f.path}", "sha256": f.sha256} for f in files]},
+            )
+        except ControlPlaneError as exc:
+            if exc.status != 400:
+                raise
+            raise JobFailure(
+                "training_error", f"the training wrote files that cannot be saved: {exc}"
+            ) from exc
         failures: dict[str, str] = {}
 
         def put(item) -> None:
-            path, target = item
+            file, target = item
             try:
                 headers = {**target["headers"], "Content-Type": "application/octet-stream"}
                 for _attempt in range(4):
-                    with path.open("rb") as body:
+                    with outputs.body(file) as body:
                         response = self.http.put(
                             target["url"],
                             content=body,
-                            headers={**headers, "Content-Length": str(path.stat().st_size)},
+                            headers={**headers, "Content-Length": str(file.size)},
                         )
                     if response.status_code < 500:
                         break
@@ -541,10 +621,7 @@ class Runner:
             json={
                 "step": step,
                 "final": final,
-                "files": [
-                    {"path": r, "size": p.stat().st_size, "sha256": d}
-                    for r, p, d in zip(relative, files, digests, strict=True)
-                ],
+                "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in files],
             },
         )
         self.say(
@@ -554,11 +631,12 @@ class Runner:
     def upload_final(self, job: dict) -> None:
         final = Path(job["final_dir"])
         (final / "training_args.bin").unlink(missing_ok=True)  # a pickle; not part of the model
-        self.upload_checkpoint(final, job["final_step"], "final", final=True)
+        self.upload_checkpoint(("final",), job["final_step"], "final", final=True)
 
 
 def run(*, job_id: str, api_url: str) -> int:
-    token = os.environ.get("VERI_JOB_TOKEN")
+    # Kept by the runner alone: no process it starts inherits it.
+    token = os.environ.pop("VERI_JOB_TOKEN", None)
     if not token:
         print("VERI_JOB_TOKEN is not set", file=sys.stderr)
         return 2
@@ -569,4 +647,4 @@ def run(*, job_id: str, api_url: str) -> int:
             job_id=job_id, api_url=api_url, token=token, work_dir=work, mount_root=mount_root
         ).run()
     finally:
-        shutil.rmtree(work / "output", ignore_errors=True)
+        shutil.rmtree(work / "home", ignore_errors=True)

@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from worker.errors import JobFailure
+from worker.errors import TRAINING_CODES, JobFailure
 from worker.rows import row_problem
 
 
@@ -106,11 +106,11 @@ def _scored(function, name: str, recorder: SampleRecorder | None):
                 float(score)
                 for score in function(prompts=prompts, completions=completions, **kwargs)
             ]
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: whatever it raises is its error
             traceback.print_exc()
             raise JobFailure(
                 "training_error", f"the reward function raised {type(exc).__name__}: {exc}"
-            ) from exc
+            ) from None
         if recorder:
             recorder.record(name, prompts, completions, scores)
         return scores
@@ -480,11 +480,8 @@ DISTRIBUTED_FAULT = re.compile(
 
 def classify(exc: BaseException) -> tuple[str, str]:
     """The catalog code for an exception raised while loading or training."""
-    if isinstance(exc, JobFailure):
+    if isinstance(exc, JobFailure) and exc.code in TRAINING_CODES:
         return exc.code, exc.message
-    cause = exc.__cause__ if isinstance(exc.__cause__, JobFailure) else None
-    if cause:
-        return cause.code, cause.message
     text = f"{type(exc).__name__}: {exc}"
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and DISTRIBUTED_FAULT.search(text):
         return "distributed_error", f"the devices stopped talking to each other ({text})"[:2000]

@@ -2,6 +2,7 @@
 provider, trained by the real worker with TRL on a tiny model made here, checkpoints loaded back
 with transformers/peft."""
 
+import contextlib
 import json
 import os
 import signal
@@ -82,19 +83,23 @@ def submit(api_client, rows, **fields) -> str:
 def training_processes(job_id: str) -> dict[int, int]:
     """The training processes (`worker.train`) on the job's local machine: {rank: pid}."""
     host = int(Instance.objects.get(job__public_id=job_id).external_id.split(":")[0])
-    found = {}
+    children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(proc.name))
+    below, found = list(children.get(host, [])), {}
+    while below:  # the machine's processes: the worker, its sandboxes, the training in them
+        pid = below.pop()
+        below += children.get(pid, [])
         try:
-            session = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3])
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
             continue
-        if session == host and b"worker.train" in cmdline:
+        if b"python" in Path(os.fsdecode(argv[0])).name.encode() and b"worker.train" in argv:
             rank = next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), 0)
-            found[rank] = int(proc.name)
+            found[rank] = pid
     return found
 
 

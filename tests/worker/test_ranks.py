@@ -28,12 +28,15 @@ def test_a_failed_check_is_a_hardware_error_before_any_customer_code(tmp_path):
         work_dir=tmp_path,
         mount_root=tmp_path,
     )
+    phases = []
+    runner.enter_phase = phases.append  # what the control plane would be told
     job = {"gpu_type": "L4-24GB", "gpu_count": 2, "reward_source": "raise SystemExit(3)"}
     with pytest.raises(JobFailure) as failed:
         runner.train(job)
     assert failed.value.code == "hardware_error"
     assert "0 present" in failed.value.message
     assert runner.ranks == []  # no training process was started
+    assert phases == ["hardware"]  # the fault is reported from the phase whose check found it
 
 
 def test_collective_faults_are_distributed_errors_on_several_ranks(monkeypatch):

@@ -108,6 +108,7 @@ def _restart(job: TrainingJob, instance: Instance, *, code: str, message: str) -
     job.resume_from = newest or job.resume_from
     job.launch_claimed_at = job.launch_heartbeat_at = None
     job.provisioning_at = job.configuring_at = job.last_heartbeat_at = job.last_step_at = None
+    job.worker_phase = ""  # the next run starts over
     job.save()
     JobEvent.objects.create(
         job=job,

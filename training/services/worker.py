@@ -66,8 +66,32 @@ def register(*, job: TrainingJob, info: dict) -> TrainingJob:
     if job.status == S.QUEUED:
         job = machine_obtained(job=job)
     job = transition_job(job_id=job.pk, to=S.CONFIGURING, detail={"worker": info})
+    # A run starts syncing; a second register of the same run does not take it back there.
+    TrainingJob.objects.filter(pk=job.pk, worker_phase="").update(worker_phase="sync")
     heartbeat(job=job, step=None)
     return job
+
+
+def enter_phase(*, job: TrainingJob, phase: str) -> TrainingJob:
+    """The runner moved on to `phase` (`errors.PHASES`): forward only, never back."""
+    order = errors.PHASES
+    if phase not in order:
+        raise VeriError(
+            f"phase must be one of: {', '.join(order)}.", field="phase", code="invalid_phase"
+        )
+    with transaction.atomic():
+        locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        now = order.index(locked.worker_phase) if locked.worker_phase in order else -1
+        if order.index(phase) < now:
+            raise Conflict(
+                f"The run is past {phase!r} (it is in {locked.worker_phase!r}); phases only go "
+                "forward.",
+                code="invalid_phase",
+            )
+        if order.index(phase) > now:
+            locked.worker_phase = phase
+            locked.save(update_fields=["worker_phase"])
+    return locked
 
 
 def report_status(*, job: TrainingJob, status: str) -> TrainingJob:
@@ -249,6 +273,21 @@ def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str
             field="error_code",
             code="invalid_error_code",
         )
+    phase = TrainingJob.objects.filter(pk=job.pk).values_list("worker_phase", flat=True).first()
+    if not errors.believed(error_code, phase=phase):
+        # Money follows attribution: a platform fault from a phase whose checks cannot find it
+        # is not the platform's word. Recorded for operators; the run ends as its own error.
+        JobEvent.objects.create(
+            job=job,
+            type="fault_refused",
+            detail={"code": error_code, "phase": phase, "message": message[:2000]},
+        )
+        message = (
+            f"The worker reported {error_code} during the {phase or 'unregistered'} phase, "
+            "where none of the platform's own checks runs, so it counts as the job's own "
+            f"error. Its message: {message}"
+        )
+        error_code = "training_error"
     try:
         return restarts.fail_or_restart(job_id=job.pk, code=error_code, message=message)
     except InvalidTransition:
