@@ -90,7 +90,7 @@ def apply_event(event: gateway.Event) -> Outcome:
         return unapplied(f"Unreadable {event.type}: {exc}.")
 
 
-def record_event(event: gateway.Event, outcome: Outcome) -> StripeEvent:
+def record_event(event: gateway.Event, outcome: Outcome, *, delivered: bool = True) -> StripeEvent:
     """The event's record, written once per event id (a redelivery of one not applied before
     updates it). Unapplied ones are logged too, for whoever watches the logs."""
     if outcome.outcome == Out.UNAPPLIED:
@@ -113,7 +113,7 @@ def record_event(event: gateway.Event, outcome: Outcome) -> StripeEvent:
     if not created:
         for name, value in values.items():
             setattr(record, name, value)
-        record.deliveries += 1
+        record.deliveries += delivered
         record.save()
     return record
 
@@ -133,7 +133,7 @@ def reapply_event(*, event_id: str) -> StripeEvent:
         object=gateway._dig(raw, "data", "object") or {},
         raw=raw,
     )
-    return record_event(event, apply_event(event))
+    return record_event(event, apply_event(event), delivered=False)
 
 
 # Checkout: the top-up itself
