@@ -324,7 +324,11 @@ class StripeEventAdmin(ReadOnlyAdmin):
     def apply_again(self, request, queryset):
         applied = 0
         for event in queryset.filter(outcome=StripeEvent.Outcome.UNAPPLIED):
-            event = payments.reapply_event(event_id=event.event_id)
+            try:
+                event = payments.reapply_event(event_id=event.event_id)
+            except VeriError as exc:  # Stripe away while the event needs it: try again later
+                self.message_user(request, f"{event.event_id}: {exc.message}", messages.ERROR)
+                continue
             if event.outcome == StripeEvent.Outcome.UNAPPLIED:
                 self.message_user(request, f"{event.event_id}: {event.detail}", messages.ERROR)
             else:

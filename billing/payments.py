@@ -124,15 +124,9 @@ def reapply_event(*, event_id: str) -> StripeEvent:
     record = StripeEvent.objects.get(event_id=event_id)
     if record.outcome != Out.UNAPPLIED:
         return record
-    raw = record.payload
-    event = gateway.Event(
-        id=record.event_id,
-        type=record.type,
-        livemode=record.livemode,
-        api_version=record.api_version,
-        object=gateway._dig(raw, "data", "object") or {},
-        raw=raw,
-    )
+    event = gateway.parse_event(record.payload)
+    if event is None or event.type not in HANDLERS:
+        return record
     return record_event(event, apply_event(event), delivered=False)
 
 

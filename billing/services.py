@@ -431,7 +431,11 @@ def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
             "Payments are disabled on this deployment (no Stripe key); an operator adds credit.",
             code="payments_disabled",
         )
-    account = BillingAccount.objects.select_related("workspace").get(workspace=workspace)
+    account = BillingAccount.objects.select_related("workspace").filter(workspace=workspace).first()
+    if account is None:
+        raise PaymentRequired(
+            "This workspace has no billing account; an operator opens one before it can top up."
+        )
     back = settings.VERI_PUBLIC_URL.rstrip("/") + (urlsplit(return_url).path or "/")
     checkout = stripe_gateway.create_checkout(
         account=account,

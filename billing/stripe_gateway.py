@@ -143,7 +143,7 @@ def _new_customer(account: BillingAccount, *, replacing: str) -> str:
     mode = key_mode()
     with transaction.atomic():
         locked = (
-            BillingAccount.objects.select_for_update()
+            BillingAccount.objects.select_for_update(of=("self",))
             .select_related("workspace")
             .get(pk=account.pk)
         )
@@ -362,6 +362,11 @@ def verify_event(*, payload: bytes, signature: str | None) -> Event | None:
         raw = json.loads(payload)
     except (stripe.SignatureVerificationError, ValueError, RecursionError):
         raise BadSignature("the signature does not verify") from None
+    return parse_event(raw)
+
+
+def parse_event(raw) -> Event | None:
+    """A verified body (or a recorded one) as an Event, or None when it is not one Veri can key."""
     if not isinstance(raw, dict):
         return None
     event_id, event_type, data = raw.get("id"), raw.get("type"), _dig(raw, "data", "object")

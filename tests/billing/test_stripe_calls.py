@@ -194,6 +194,12 @@ def test_a_top_up_stripe_refuses_is_502_saying_what_to_fix(
     assert hint in assert_error(answer, 502, "payments_refused", None)["message"]
 
 
+def test_a_top_up_without_a_billing_account_is_402_not_a_crash(api_client, stripe_api):
+    answer = api_client.post("/v1/billing/top_ups", {"amount_usd": "25"}, format="json")
+    assert_error(answer, 402, "billing_account_required")
+    assert posts("/v1/checkout/sessions") == []
+
+
 def test_a_webhook_that_needs_stripe_while_it_is_away_is_503_and_writes_nothing(
     client, api_client, billed, stripe_api, settings
 ):
