@@ -35,7 +35,7 @@ class StripeUnavailable(VeriError):
     done, and the same request can be sent again after `Retry-After` seconds."""
 
     status, code = 503, "payments_unavailable"
-    retry_after_seconds = 30
+    retry_after_seconds = 10
 
 
 class StripeRefused(VeriError):
