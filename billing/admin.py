@@ -9,8 +9,16 @@ from django.db.models import Case, IntegerField, Value, When
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from billing import services
-from billing.models import AttributionChange, BillingAccount, LedgerEntry, Refund
+from billing import payments, services
+from billing.models import (
+    AttributionChange,
+    BillingAccount,
+    LedgerEntry,
+    Refund,
+    StripeCheckout,
+    StripeDispute,
+    StripeEvent,
+)
 from training import errors
 from training.models import JobEvent, LogChunk
 from veri.errors import VeriError
@@ -224,6 +232,7 @@ class BillingAccountAdmin(admin.ModelAdmin):
         "workspace",
         "balance_usd",
         "stripe_customer_id",
+        "stripe_customer_mode",
         "stripe_mirror_error",
         "created_at",
     ]
@@ -283,3 +292,104 @@ class AttributionChangeAdmin(ReadOnlyAdmin):
     list_display = ["changed_at", "job", "from_attribution", "to_attribution", "changed_by"]
     list_select_related = ["job", "changed_by"]
     readonly_fields = [f.name for f in AttributionChange._meta.fields]
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ReadOnlyAdmin):
+    """Every Stripe event Veri consumed and what it did; the ones Veri could not apply first.
+    Those were acknowledged to Stripe (so it stops resending) and wrote nothing: fix the cause
+    (the detail says it), then "Apply again" here or resend the event from the Stripe Dashboard."""
+
+    list_display = ["received_at", "outcome", "type", "event_id", "workspace", "detail"]
+    list_filter = ["outcome", "type", "livemode"]
+    search_fields = ["event_id", "object_id", "detail", "workspace__public_id"]
+    list_select_related = ["workspace"]
+    readonly_fields = [f.name for f in StripeEvent._meta.fields]
+    actions = ["apply_again"]
+
+    def get_queryset(self, request):
+        unapplied_first = Case(
+            When(outcome=StripeEvent.Outcome.UNAPPLIED, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return super().get_queryset(request).order_by(unapplied_first, "-received_at")
+
+    def has_credit_permission(self, request) -> bool:
+        return request.user.has_perm("billing.add_credit")
+
+    @admin.action(
+        description="Apply again the selected events Veri could not apply", permissions=["credit"]
+    )
+    def apply_again(self, request, queryset):
+        applied = 0
+        for event in queryset.filter(outcome=StripeEvent.Outcome.UNAPPLIED):
+            try:
+                event = payments.reapply_event(event_id=event.event_id)
+            except VeriError as exc:  # Stripe away while the event needs it: try again later
+                self.message_user(request, f"{event.event_id}: {exc.message}", messages.ERROR)
+                continue
+            if event.outcome == StripeEvent.Outcome.UNAPPLIED:
+                self.message_user(request, f"{event.event_id}: {event.detail}", messages.ERROR)
+            else:
+                applied += 1
+        self.message_user(request, f"Applied {applied} event(s).")
+
+
+@admin.register(StripeCheckout)
+class StripeCheckoutAdmin(ReadOnlyAdmin):
+    """Top-ups through Stripe Checkout: made, processing (a delayed payment), paid or failed."""
+
+    list_display = [
+        "created_at",
+        "workspace",
+        "session_id",
+        "amount",
+        "status",
+        "payment_intent_id",
+        "livemode",
+    ]
+    list_filter = ["status", "livemode"]
+    search_fields = ["session_id", "payment_intent_id", "workspace__public_id", "workspace__name"]
+    list_select_related = ["workspace"]
+    readonly_fields = [f.name for f in StripeCheckout._meta.fields]
+
+    @admin.display(description="amount")
+    def amount(self, checkout: StripeCheckout) -> str:
+        return f"{services.usd(checkout.amount_cents * 10_000)} {checkout.currency.upper()}"
+
+
+@admin.register(StripeDispute)
+class StripeDisputeAdmin(ReadOnlyAdmin):
+    """Disputed top-ups, open ones first: their amount is held in the workspace's ledger
+    (`dispute_hold`) until Stripe reports the dispute closed. Evidence is submitted in Stripe."""
+
+    list_display = [
+        "created_at",
+        "dispute_id",
+        "workspace",
+        "amount",
+        "reason",
+        "stripe_status",
+        "outcome",
+    ]
+    list_filter = ["outcome", "reason"]
+    search_fields = ["dispute_id", "checkout__session_id", "checkout__workspace__public_id"]
+    list_select_related = ["checkout__workspace"]
+    readonly_fields = [f.name for f in StripeDispute._meta.fields]
+
+    def get_queryset(self, request):
+        open_first = Case(
+            When(outcome=StripeDispute.OPEN, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return super().get_queryset(request).order_by(open_first, "-created_at")
+
+    @admin.display(description="workspace")
+    def workspace(self, dispute: StripeDispute):
+        return dispute.checkout.workspace
+
+    @admin.display(description="amount")
+    def amount(self, dispute: StripeDispute) -> str:
+        return f"{services.usd(dispute.amount_cents * 10_000)} {dispute.checkout.currency.upper()}"

@@ -6,7 +6,7 @@ from rest_framework import permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing import selectors, services, stripe_gateway
+from billing import payments, selectors, services, stripe_gateway
 from billing.models import LedgerEntry
 from training.services import jobs
 from veri.api import ValidatingView, WorkspaceView, list_schema, paginate
@@ -80,15 +80,26 @@ class TopUpsView(WorkspaceView):
     )
     def post(self, request: Request) -> Response:
         amount = self.validated(self.TopUpIn, request.data)["amount_usd"]
-        url = services.top_up_url(
-            workspace=self.workspace, amount_usd=amount, return_url=request.build_absolute_uri("/")
-        )
+        try:
+            url = services.top_up_url(workspace=self.workspace, amount_usd=amount, return_url="/")
+        except stripe_gateway.StripeUnavailable as exc:
+            return unavailable(exc)
         return Response({"checkout_url": url, "amount_usd": f"{amount:.2f}"}, status=201)
+
+
+def unavailable(exc: stripe_gateway.StripeUnavailable) -> Response:
+    """503 in the error format, with `Retry-After`: Stripe is away, nothing was done."""
+    return Response(
+        exc.as_body(), status=exc.status, headers={"Retry-After": str(exc.retry_after_seconds)}
+    )
 
 
 class StripeWebhookView(ValidatingView):
     """Stripe's signed events (no API key: the signature is the credential). A bad signature is
-    400 and writes nothing; a replay writes nothing new; other event types are ignored."""
+    400 and writes nothing; a replay writes nothing new; types Veri does not consume are
+    acknowledged and ignored; an event Veri cannot apply is recorded for an operator and
+    acknowledged (200), so Stripe stops resending it. 503 only when Stripe itself could not be
+    asked what the event needs (Stripe resends it later)."""
 
     authentication_classes: list = []
     permission_classes = [permissions.AllowAny]
@@ -100,13 +111,13 @@ class StripeWebhookView(ValidatingView):
     )
     def post(self, request: Request) -> Response:
         try:
-            paid = stripe_gateway.paid_checkout(
+            payments.handle_webhook(
                 payload=request.body, signature=request.headers.get("Stripe-Signature")
             )
         except stripe_gateway.BadSignature:
             raise VeriError(
                 "The webhook signature does not verify.", code="invalid_signature"
             ) from None
-        if paid is not None:
-            services.record_top_up(paid=paid)
+        except stripe_gateway.StripeUnavailable as exc:
+            return unavailable(exc)
         return Response({"received": True})

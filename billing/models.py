@@ -14,6 +14,9 @@ class BillingAccount(models.Model):
         Workspace, on_delete=models.CASCADE, related_name="billing_account"
     )
     stripe_customer_id = models.CharField(max_length=100, blank=True)
+    # The mode of the key the customer was made with ("test" or "live"; blank: made before modes
+    # were recorded). A key of the other mode cannot see it: Veri then makes one in that mode.
+    stripe_customer_mode = models.CharField(max_length=4, blank=True)
     # Since when the balance (less running jobs' accrued cost) has been at or below zero; past a
     # grace period the running jobs are stopped with balance_exhausted.
     exhausted_since = models.DateTimeField(null=True, blank=True)
@@ -47,6 +50,11 @@ class LedgerEntry(models.Model):
         STORAGE_CHARGE = "storage_charge"
         REFUND_CREDIT = "refund_credit"
         ADJUSTMENT = "adjustment"
+        # A top-up paid back through Stripe (negative; positive when that refund failed).
+        TOP_UP_REFUNDED = "top_up_refunded"
+        # A disputed top-up held while the dispute is open (negative); a lost dispute keeps it.
+        DISPUTE_HOLD = "dispute_hold"
+        DISPUTE_RELEASED = "dispute_released"  # the hold given back: the dispute was won
 
     # PROTECT: a workspace with money history is never deleted with its ledger.
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="ledger")
@@ -150,3 +158,110 @@ class StripeMirror(models.Model):
 
     def __str__(self) -> str:
         return f"{self.entry_id} → {self.stripe_transaction_id}"
+
+
+class StripeDeployment(models.Model):
+    """One row: this database's id in what it sends to Stripe, made once (see
+    `STRIPE_DEPLOYMENT_ID`, which overrides it)."""
+
+    deployment_id = models.CharField(max_length=24, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.deployment_id
+
+
+class StripeCheckout(models.Model):
+    """A top-up through a Stripe Checkout Session: made when Veri creates the session, credited
+    once, when Stripe reports it paid, whichever event says so (`checkout.session.completed`
+    paid at once, or `checkout.session.async_payment_succeeded` for a delayed payment method).
+    Its PaymentIntent ties the refunds and disputes Stripe reports later to the workspace."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"  # the page was made; nothing paid yet
+        PROCESSING = "processing"  # completed with a delayed payment method, not paid yet
+        PAID = "paid"  # credited
+        FAILED = "failed"  # the delayed payment failed: nothing credited
+
+    session_id = models.CharField(max_length=255, unique=True)
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.PROTECT, related_name="stripe_checkouts"
+    )
+    payment_intent_id = models.CharField(max_length=255, blank=True, db_index=True)
+    amount_cents = models.BigIntegerField()
+    currency = models.CharField(max_length=3, default="usd")
+    livemode = models.BooleanField(default=False)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
+    entry = models.OneToOneField(
+        LedgerEntry, on_delete=models.PROTECT, null=True, blank=True, related_name="checkout"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.session_id} ({self.status})"
+
+
+class StripeDispute(models.Model):
+    """A chargeback (or the inquiry before one) on a top-up: the amount is held in the ledger
+    while it is open, given back when it is won, kept when it is lost."""
+
+    OPEN, WON, LOST = "open", "won", "lost"
+
+    dispute_id = models.CharField(max_length=255, unique=True)
+    checkout = models.ForeignKey(StripeCheckout, on_delete=models.PROTECT, related_name="disputes")
+    amount_cents = models.BigIntegerField()
+    reason = models.CharField(max_length=60, blank=True)
+    stripe_status = models.CharField(max_length=40)  # Stripe's own word for where it stands
+    outcome = models.CharField(
+        max_length=4, choices=[(OPEN, OPEN), (WON, WON), (LOST, LOST)], default=OPEN
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.dispute_id} ({self.outcome})"
+
+
+class StripeEvent(models.Model):
+    """Every Stripe event Veri consumes, once per event id, with what it did. `unapplied` ones
+    (an unknown workspace, another currency, an amount out of range, a payment Veri cannot tie
+    to a workspace) wait for an operator: they were acknowledged so that Stripe stops resending,
+    and nothing was written to the ledger."""
+
+    class Outcome(models.TextChoices):
+        APPLIED = "applied"  # what it reports is in the ledger (or was already)
+        IGNORED = "ignored"  # nothing to do (not paid yet, another deployment's, ...)
+        UNAPPLIED = "unapplied"  # Veri cannot apply it: an operator looks
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    livemode = models.BooleanField(default=False)
+    api_version = models.CharField(max_length=40, blank=True)
+    object_id = models.CharField(max_length=255, blank=True, db_index=True)
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, db_index=True)
+    detail = models.CharField(max_length=500)
+    payload = models.JSONField()  # the event as Stripe sent it
+    received_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    deliveries = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.type} ({self.outcome})"
+
+
+class StripeMirrorRetry(models.Model):
+    """A ledger entry whose balance transaction Stripe answered with a 500. Stripe replays that
+    answer for the same idempotency key, so the entry waits out the key's window, is looked up
+    in the customer's balance transactions (a 500 may still have taken effect), and only if it
+    is not there is sent again under the next key."""
+
+    entry = models.OneToOneField(LedgerEntry, on_delete=models.PROTECT, related_name="+")
+    generation = models.PositiveIntegerField(default=0)  # which key: 0 is the first
+    failed_at = models.DateTimeField()  # when Stripe first answered 500 under this key
+
+    def __str__(self) -> str:
+        return f"entry {self.entry_id}, key {self.generation}"

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -14,7 +15,13 @@ from django.db.models import Min, Sum
 from django.utils import timezone
 
 from billing import stripe_gateway
-from billing.models import AttributionChange, BillingAccount, LedgerEntry, Refund, StripeMirror
+from billing.models import (
+    AttributionChange,
+    BillingAccount,
+    LedgerEntry,
+    Refund,
+    StripeCheckout,
+)
 from training import errors
 from training.models import JobEvent, TrainingJob
 from veri.errors import Conflict, PaymentRequired, VeriError
@@ -407,7 +414,11 @@ MIN_TOP_UP_CENTS, MAX_TOP_UP_CENTS = 500, 1_000_000  # 5 to 10,000 USD
 
 
 def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
-    """A Stripe Checkout URL for a top-up; the money arrives with the paid-checkout webhook."""
+    """A Stripe Checkout URL for a top-up; the money arrives with Stripe's paid-checkout event.
+    Stripe sends the customer back to `return_url`'s path on `VERI_PUBLIC_URL` (the address
+    customers reach this deployment at), never to the scheme and host the request came in with,
+    which behind a TLS proxy are the proxy's `http://`. Raises `StripeUnavailable` (503) or
+    `StripeRefused` (502) when Stripe does not make the page."""
     cents = micros_from_usd(amount_usd) // 10_000
     if not MIN_TOP_UP_CENTS <= cents <= MAX_TOP_UP_CENTS:
         raise VeriError(
@@ -420,95 +431,29 @@ def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
             "Payments are disabled on this deployment (no Stripe key); an operator adds credit.",
             code="payments_disabled",
         )
-    account = BillingAccount.objects.select_related("workspace").get(workspace=workspace)
-    return stripe_gateway.checkout_url(
+    account = BillingAccount.objects.select_related("workspace").filter(workspace=workspace).first()
+    if account is None:
+        raise PaymentRequired(
+            "This workspace has no billing account; an operator opens one before it can top up."
+        )
+    back = settings.VERI_PUBLIC_URL.rstrip("/") + (urlsplit(return_url).path or "/")
+    checkout = stripe_gateway.create_checkout(
         account=account,
         amount_cents=cents,
-        success_url=f"{return_url}?top_up=paid",
-        cancel_url=f"{return_url}?top_up=cancelled",
+        success_url=f"{back}?top_up=paid",
+        cancel_url=f"{back}?top_up=cancelled",
     )
-
-
-def record_top_up(*, paid: stripe_gateway.PaidCheckout) -> LedgerEntry | None:
-    """One `top_up` entry per Stripe event: a replayed webhook writes nothing new."""
-    workspace = Workspace.objects.filter(public_id=paid.workspace_id).first()
-    if workspace is None or paid.amount_cents <= 0:
-        return None
-    entry, _ = record_entry(
-        workspace=workspace,
-        kind=K.TOP_UP,
-        amount_micros=paid.amount_cents * 10_000,
-        key=f"stripe:{paid.event_id}",
-        description=f"card top-up ({paid.event_id})",
+    StripeCheckout.objects.get_or_create(
+        session_id=checkout.session_id,
+        defaults={"workspace": workspace, "amount_cents": cents, "livemode": checkout.livemode},
     )
-    return entry
+    return checkout.url
 
 
 def cents_half_up(micros: int) -> int:
     """Micro-dollars as whole cents, a half cent away from zero (ROUND_HALF_UP), in integers."""
     cents = (abs(micros) + 5_000) // 10_000
     return cents if micros >= 0 else -cents
-
-
-def mirror_to_stripe(*, limit: int = 100) -> int:
-    """Mirror up to `limit` ledger entries to their workspaces' Stripe customer balances, each
-    in its own transaction, each workspace's oldest first. A workspace whose entry Stripe does
-    not take has the failure recorded on its account and waits for the next run; the others go
-    on. Returns how many entries were mirrored."""
-    if not stripe_gateway.payments_enabled():
-        return 0
-    waiting = (
-        LedgerEntry.objects.filter(mirror__isnull=True, workspace__billing_account__isnull=False)
-        .values("workspace_id")
-        .annotate(oldest=Min("pk"))
-        .order_by("oldest")
-    )
-    mirrored = 0
-    for workspace_id in [row["workspace_id"] for row in waiting[:limit]]:
-        while mirrored < limit:
-            try:
-                if not _mirror_next_entry(workspace_id=workspace_id):
-                    break
-            except stripe_gateway.MirrorFailed as exc:
-                log.warning("mirroring workspace %s to Stripe failed: %s", workspace_id, exc)
-                BillingAccount.objects.filter(workspace_id=workspace_id).update(
-                    stripe_mirror_error=f"{timezone.now():%Y-%m-%d %H:%M}Z: {exc}"[:300]
-                )
-                break
-            mirrored += 1
-    return mirrored
-
-
-@transaction.atomic
-def _mirror_next_entry(*, workspace_id: int) -> bool:
-    """The workspace's oldest unmirrored entry, sent to Stripe as the whole cents it moves the
-    rounded running sum by (nothing is sent for 0). In order, under the account's lock: the
-    amount depends on what was mirrored before it, so a retry sends the same amount with the
-    same idempotency key. False when there is nothing to do, or another run holds the lock."""
-    account = (
-        BillingAccount.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("workspace")
-        .filter(workspace_id=workspace_id)
-        .first()
-    )
-    if account is None:
-        return False
-    entry = LedgerEntry.objects.filter(workspace_id=workspace_id, mirror__isnull=True)
-    entry = entry.order_by("pk").first()
-    if entry is None:
-        return False
-    mirrored_micros = LedgerEntry.objects.filter(
-        workspace_id=workspace_id, mirror__isnull=False
-    ).aggregate(total=Sum("amount_micros"))["total"]
-    sent_cents = StripeMirror.objects.filter(entry__workspace_id=workspace_id).aggregate(
-        total=Sum("amount_cents")
-    )["total"]
-    cents = cents_half_up((mirrored_micros or 0) + entry.amount_micros) - (sent_cents or 0)
-    txn = stripe_gateway.mirror_amount(account=account, entry=entry, cents=cents) if cents else ""
-    StripeMirror.objects.create(entry=entry, amount_cents=cents, stripe_transaction_id=txn)
-    if account.stripe_mirror_error:
-        BillingAccount.objects.filter(pk=account.pk).update(stripe_mirror_error="")
-    return True
 
 
 # Storage

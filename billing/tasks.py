@@ -2,12 +2,12 @@
 
 from django.utils import timezone
 
-from billing import services
+from billing import payments, services
 
 
 def mirror_to_stripe() -> int:
     """Every minute: ledger entries not yet on the Stripe customer balance (none while off)."""
-    return services.mirror_to_stripe()
+    return payments.mirror_to_stripe()
 
 
 def charge_storage() -> int:

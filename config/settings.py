@@ -268,6 +268,15 @@ VERI_WATCH_PERIOD_SECONDS = float(env("VERI_WATCH_PERIOD_SECONDS", "5"))
 STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY") or ""
 STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET") or ""
 STRIPE_API_BASE = env("STRIPE_API_BASE") or ""  # tests point it at a fake; empty: Stripe's own
+# Names this deployment in what it sends to Stripe (idempotency keys, metadata), so that two
+# databases sharing one Stripe account never collide; empty: an id generated once and kept in the
+# database (set it when a database is restored or cloned next to the one it came from).
+STRIPE_DEPLOYMENT_ID = env("STRIPE_DEPLOYMENT_ID") or ""
+# Stripe keeps an idempotency key's first answer (a 500 included) for at least a day: a balance
+# transaction it answered 500 is looked up, then re-sent under a new key, only after this.
+STRIPE_IDEMPOTENCY_WINDOW_SECONDS = int(env("STRIPE_IDEMPOTENCY_WINDOW_SECONDS", "86400"))
+# Per Stripe request (connect and read); a request path waits for at most three of them.
+STRIPE_TIMEOUT_SECONDS = float(env("STRIPE_TIMEOUT_SECONDS", "15"))
 VERI_STORAGE_PRICE_PER_GIB_MONTH = env("VERI_STORAGE_PRICE_PER_GIB_MONTH", "0.07")
 VERI_STOP_GRACE_SECONDS = int(env("VERI_STOP_GRACE_SECONDS", "120"))
 VERI_BALANCE_GRACE_SECONDS = int(env("VERI_BALANCE_GRACE_SECONDS", "300"))
