@@ -170,8 +170,11 @@ def _instructions(upload: Upload) -> dict:
     store, ttl = store_for(upload.volume.store_prefix), settings.VERI_PRESIGN_TTL_SECONDS
     answer = {"upload_id": upload.public_id, "path": upload.path, "method": upload.method}
     if upload.method == Upload.Method.SINGLE:
+        # Create-only: once the object is there (and completing checked it), re-sending this URL
+        # with other bytes is refused instead of changing a file already recorded. Each upload
+        # has a key of its own, so this never stands in the way of a new upload of the path.
         answer["url"], answer["headers"] = store.presign_put(
-            upload.object_key, expires=ttl, sha256=upload.sha256 or None
+            upload.object_key, expires=ttl, sha256=upload.sha256 or None, create_only=True
         )
     else:
         count = max(1, math.ceil(upload.size / upload.part_size))

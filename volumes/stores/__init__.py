@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from volumes.stores import keys
-from volumes.stores.base import BadDigest, ObjectStore, StoredObject, StoreError
+from volumes.stores.base import BadDigest, ObjectExists, ObjectStore, StoredObject, StoreError
 from volumes.stores.keys import KeyRefused, Prefix
 from volumes.stores.local import LocalStore
 from volumes.stores.s3 import S3Store
@@ -22,6 +22,7 @@ __all__ = [
     "BadDigest",
     "KeyRefused",
     "LocalStore",
+    "ObjectExists",
     "ObjectStore",
     "Prefix",
     "S3Store",

@@ -31,13 +31,20 @@ class BadDigest(StoreError):
     """The body did not match the checksum it was sent with; nothing was stored."""
 
 
+class ObjectExists(StoreError):
+    """A create-only write found the object already there (S3's 412 to `If-None-Match: *`);
+    what is stored was kept."""
+
+
 class ObjectStore:
     def presign_put(
-        self, key: str, *, expires: int, sha256: str | None = None
+        self, key: str, *, expires: int, sha256: str | None = None, create_only: bool = False
     ) -> tuple[str, dict[str, str]]:
         """A URL for one PUT, and the headers the client must send with it. With `sha256`, the
         store itself refuses a body whose SHA-256 differs (S3 checks its signed
-        `x-amz-checksum-sha256`), so nothing is read back to verify it."""
+        `x-amz-checksum-sha256`), so nothing is read back to verify it. With `create_only`, the
+        URL can only create the object: once one is stored there, sending it again is refused
+        (HTTP 412; S3's signed `If-None-Match: *`), so what was verified cannot be replaced."""
         ...
 
     def presign_get(self, key: str, *, expires: int) -> str: ...

@@ -46,9 +46,12 @@ class S3Store(ObjectStore):
         return full[len(self.root) :]
 
     def presign_put(
-        self, key: str, *, expires: int, sha256: str | None = None
+        self, key: str, *, expires: int, sha256: str | None = None, create_only: bool = False
     ) -> tuple[str, dict[str, str]]:
+        # Both headers are signed: a client that leaves one out, or changes it, is refused.
         headers = {"x-amz-checksum-sha256": _b64(sha256)} if sha256 else {}
+        if create_only:
+            headers["If-None-Match"] = "*"  # S3's conditional write: 412 once the key exists
         return self.presigner.url(
             "PUT", self.full_key(key), expires=expires, headers=headers
         ), headers
