@@ -18,7 +18,7 @@ from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes.models import PinnedFile, StoreDeletion, Upload, Volume, VolumeFile
-from volumes.stores import StoreError, keys, store_for
+from volumes.stores import StoreError, StoreUnavailable, keys, store_for
 
 NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
 MAX_PARTS = 10_000  # S3's limit
@@ -296,6 +296,8 @@ def complete_uploads(
                     upload_id=upload.store_upload_id,
                     parts=completion.parts or [],
                 )
+            except StoreUnavailable:
+                raise  # nothing is decided while the store is away: 503, and the client retries
             except StoreError as exc:
                 store_errors[upload.pk] = (
                     f"{upload.path}: the multipart upload could not be completed ({exc})"

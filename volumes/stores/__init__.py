@@ -12,7 +12,14 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from volumes.stores import keys
-from volumes.stores.base import BadDigest, ObjectExists, ObjectStore, StoredObject, StoreError
+from volumes.stores.base import (
+    BadDigest,
+    ObjectExists,
+    ObjectStore,
+    StoredObject,
+    StoreError,
+    StoreUnavailable,
+)
 from volumes.stores.keys import KeyRefused, Prefix
 from volumes.stores.local import LocalStore
 from volumes.stores.s3 import S3Store
@@ -28,6 +35,7 @@ __all__ = [
     "S3Store",
     "ScopedStore",
     "StoreError",
+    "StoreUnavailable",
     "StoredObject",
     "get_store",
     "keys",

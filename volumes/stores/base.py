@@ -5,6 +5,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from veri.errors import ServiceUnavailable
+
 HASH_CHUNK = 1024 * 1024
 DELETE_BATCH = 1000  # S3's DeleteObjects limit
 
@@ -29,6 +31,19 @@ class StoreError(Exception):
 
 class BadDigest(StoreError):
     """The body did not match the checksum it was sent with; nothing was stored."""
+
+
+class StoreUnavailable(StoreError, ServiceUnavailable):
+    """The store could not be reached, or answered with its own server error after the client's
+    retries: the request is answered 503 with `Retry-After`, and nothing was recorded."""
+
+    code = "store_unavailable"
+
+    def __init__(self, reason: str):
+        super().__init__(
+            f"The object store is unreachable for a moment ({reason}); nothing was recorded. "
+            "Retry the request."
+        )
 
 
 class ObjectExists(StoreError):
