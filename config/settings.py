@@ -2,6 +2,7 @@
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -45,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",  # sign-in throttling (config/signin.py)
     "rest_framework",
     "drf_spectacular",
     "config",  # before django_q: its `qcluster` command is the one that runs
@@ -68,6 +70,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lockout into the sign-in page saying so
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -118,7 +121,22 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-AUTHENTICATION_BACKENDS = ["veri.auth.EmailBackend"]
+AUTHENTICATION_BACKENDS = ["config.signin.SignInThrottle", "veri.auth.EmailBackend"]
+# Sign-in throttling (django-axes, see config/signin.py): failures per account and per address.
+VERI_SIGNIN_FAILURE_LIMIT = int(env("VERI_SIGNIN_FAILURE_LIMIT", "5"))
+VERI_SIGNIN_LOCKOUT_MINUTES = int(env("VERI_SIGNIN_LOCKOUT_MINUTES", "15"))
+# Proxies in front of the web processes that append the client's address to X-Forwarded-For
+# (0: clients connect directly, and the header is the client's to forge).
+VERI_TRUSTED_PROXY_COUNT = int(env("VERI_TRUSTED_PROXY_COUNT", "0"))
+AXES_FAILURE_LIMIT = VERI_SIGNIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=VERI_SIGNIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = False  # its reset goes by address too: one's own sign-in would clear others
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_USERNAME_CALLABLE = "config.signin.username_of"
+AXES_CLIENT_IP_CALLABLE = "config.signin.client_ip"
+AXES_LOCKOUT_CALLABLE = "config.signin.locked_out"
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]
 # A production deployment is served over HTTPS: its session and CSRF cookies never travel in clear.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("VERI_PRODUCTION")
 LOGIN_URL = "/accounts/login/"
