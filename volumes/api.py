@@ -117,7 +117,7 @@ UploadInstructions = inline_serializer(
         "headers": serializers.DictField(
             child=serializers.CharField(),
             required=False,
-            help_text="headers the PUT to `url` must carry (a signed checksum)",
+            help_text="headers the PUT to `url` must carry, as signed (checksum, If-None-Match)",
         ),
         "part_size": serializers.IntegerField(required=False),
         "parts": inline_serializer(
