@@ -228,6 +228,32 @@ class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
 
 @admin.register(BillingAccount)
 class BillingAccountAdmin(admin.ModelAdmin):
+    """Read-only but for the one thing an operator may have to change: which Stripe customer the
+    account mirrors to (a customer re-created or merged in Stripe). Each change needs a reason,
+    kept with the old and new value in the account's History. Money never moves here but through
+    the ledger (`Add credit`); the balance is the ledger's sum, not a field. Watchdog state
+    (`exhausted_since`, `stripe_mirror_error`) is shown, not edited; accounts are never deleted."""
+
+    class ChangeForm(forms.ModelForm):
+        stripe_customer_id = forms.RegexField(
+            regex=r"^cus_[A-Za-z0-9]+$",
+            required=False,
+            max_length=100,
+            label="Stripe customer id",
+            help_text="cus_…, or empty: a customer is made at the next top-up.",
+            error_messages={"invalid": "A Stripe customer id looks like cus_ and letters/digits."},
+        )
+        reason = forms.CharField(
+            widget=forms.Textarea(attrs={"rows": 2}),
+            strip=True,
+            help_text="Why: kept with the change in this account's History.",
+        )
+
+        class Meta:
+            model = BillingAccount
+            fields = ["workspace", "stripe_customer_id"]
+
+    form = ChangeForm
     list_display = [
         "workspace",
         "balance_usd",
@@ -240,6 +266,30 @@ class BillingAccountAdmin(admin.ModelAdmin):
     list_select_related = ["workspace"]
     autocomplete_fields = ["workspace"]
     actions = ["add_credit"]
+    shown = ["balance_usd", "exhausted_since", "stripe_mirror_error", "created_at"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:  # opening an account for a workspace made without one: no money
+            return ["workspace", "stripe_customer_id", "reason"]
+        return ["workspace", *self.shown, "stripe_customer_id", "reason"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if obj is None else ["workspace", *self.shown]
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # the ledger and its history stay with the workspace
+
+    def construct_change_message(self, request, form, formsets, add=False):
+        """What the History page shows: the changed value, from and to, and the reason."""
+        reason = form.cleaned_data["reason"]
+        if add:
+            return f"Opened the billing account. Reason: {reason}"
+        changes = [
+            f"{name} from {form.initial.get(name)!r} to {form.cleaned_data[name]!r}"
+            for name in form.changed_data
+            if name != "reason"
+        ]
+        return f"Changed {'; '.join(changes) or 'nothing'}. Reason: {reason}"
 
     def has_credit_permission(self, request) -> bool:
         return request.user.has_perm("billing.add_credit")

@@ -2,6 +2,7 @@
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -45,6 +46,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "csp",
+    "axes",  # sign-in throttling (config/signin.py)
     "rest_framework",
     "drf_spectacular",
     "config",  # before django_q: its `qcluster` command is the one that runs
@@ -60,6 +63,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "veri.middleware.QueryCountMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -68,6 +72,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lockout into the sign-in page saying so
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -118,12 +123,45 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-AUTHENTICATION_BACKENDS = ["veri.auth.EmailBackend"]
+AUTHENTICATION_BACKENDS = ["config.signin.SignInThrottle", "veri.auth.EmailBackend"]
+# Sign-in throttling (django-axes, see config/signin.py): failures per account and per address.
+VERI_SIGNIN_FAILURE_LIMIT = int(env("VERI_SIGNIN_FAILURE_LIMIT", "5"))
+VERI_SIGNIN_LOCKOUT_MINUTES = int(env("VERI_SIGNIN_LOCKOUT_MINUTES", "15"))
+# Proxies in front of the web processes that append the client's address to X-Forwarded-For
+# (0: clients connect directly, and the header is the client's to forge).
+VERI_TRUSTED_PROXY_COUNT = int(env("VERI_TRUSTED_PROXY_COUNT", "0"))
+AXES_FAILURE_LIMIT = VERI_SIGNIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=VERI_SIGNIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = False  # its reset goes by address too: one's own sign-in would clear others
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_USERNAME_CALLABLE = "config.signin.username_of"
+AXES_CLIENT_IP_CALLABLE = "config.signin.client_ip"
+AXES_LOCKOUT_CALLABLE = "config.signin.locked_out"
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]
 # A production deployment is served over HTTPS: its session and CSRF cookies never travel in clear.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("VERI_PRODUCTION")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# Content-Security-Policy on every page, the dashboard's and the admin's: scripts and styles
+# only from this origin's static files (no inline script, handler or style anywhere: a template
+# test keeps it so), fetches to this origin; forms post here, or on to Stripe Checkout (top-up).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'", "https://checkout.stripe.com"],
+    }
+}
 
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"

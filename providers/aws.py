@@ -6,7 +6,8 @@ from functools import cache
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 from django.conf import settings
 
 from providers import bootstrap, catalog
@@ -16,6 +17,7 @@ from providers.base import (
     LaunchSpec,
     ProviderAdapter,
     ProviderError,
+    ProviderUnavailable,
     QuotaError,
     scoped_id,
     split_scoped_id,
@@ -182,7 +184,11 @@ class AwsProvider(ProviderAdapter):
         region, ec2_id = split_scoped_id(instance_id)
         try:
             self.client("ec2", region).terminate_instances(InstanceIds=[ec2_id])
+        except (BotoConnectionError, HTTPClientError) as exc:
+            raise ProviderUnavailable(f"EC2 could not be reached ({type(exc).__name__})") from exc
         except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
+                raise ProviderUnavailable(f"EC2 kept failing ({exc})") from exc
             if exc.response.get("Error", {}).get("Code") != "InvalidInstanceID.NotFound":
                 raise
 

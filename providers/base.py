@@ -2,9 +2,20 @@
 
 from dataclasses import dataclass, field
 
+from veri.errors import ServiceUnavailable
+
 
 class ProviderError(Exception):
     """A launch the provider refused; subclasses say why."""
+
+
+class ProviderUnavailable(ProviderError, ServiceUnavailable):
+    """The provider's API could not be reached, or kept failing with its own server errors: a
+    request that needed it answers 503 with `Retry-After` (never a 500); tasks try again on their
+    next run."""
+
+    code = "provider_unavailable"
+    retry_after_seconds = 10
 
 
 class CapacityError(ProviderError):

@@ -9,6 +9,7 @@ import contextlib
 import re
 from functools import cache
 
+import requests
 from django.conf import settings
 from google.api_core import exceptions as gcp_errors
 from google.api_core.client_options import ClientOptions
@@ -22,6 +23,7 @@ from providers.base import (
     LaunchSpec,
     ProviderAdapter,
     ProviderError,
+    ProviderUnavailable,
     QuotaError,
     scoped_id,
     split_scoped_id,
@@ -143,8 +145,11 @@ class GcpProvider(ProviderAdapter):
 
     def terminate(self, instance_id: str) -> None:
         zone, name = split_scoped_id(instance_id)
-        with contextlib.suppress(gcp_errors.NotFound):  # already gone
-            self.client().delete(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
+        try:
+            with contextlib.suppress(gcp_errors.NotFound):  # already gone
+                self.client().delete(project=settings.VERI_GCP_PROJECT, zone=zone, instance=name)
+        except (requests.ConnectionError, requests.Timeout, gcp_errors.ServerError) as exc:
+            raise ProviderUnavailable(f"GCP could not be reached ({type(exc).__name__})") from exc
 
     def tagged_instances(self) -> dict[str, str]:
         return {

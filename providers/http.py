@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from providers.base import ProviderError
+from providers.base import ProviderError, ProviderUnavailable
 
 RETRIED_STATUSES = {429, 500, 502, 503, 504}
 
@@ -39,7 +39,9 @@ class RestClient:
                 )
             except httpx.TransportError as exc:
                 if last:
-                    raise ProviderError(f"{self.provider} could not be reached: {exc}") from exc
+                    raise ProviderUnavailable(
+                        f"{self.provider} could not be reached ({type(exc).__name__})"
+                    ) from exc
                 time.sleep(self.backoff * 2**attempt)
                 continue
             if response.status_code in RETRIED_STATUSES and not last:
@@ -55,10 +57,15 @@ class RestClient:
         raise AssertionError("unreachable")
 
     def delete(self, path: str) -> None:
-        """Delete a resource; one already gone (404) is fine."""
+        """Delete a resource; one already gone (404) is fine. A provider still failing with its
+        own server errors after the retries is unavailable (a cancel answers 503, not 500)."""
         try:
             self.request("DELETE", path)
         except ProviderApiError as exc:
+            if exc.status >= 500:
+                raise ProviderUnavailable(
+                    f"{self.provider} kept failing (HTTP {exc.status})"
+                ) from exc
             if exc.status != 404:
                 raise
 

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from providers.base import NoFreeSlot, ProviderAdapter
+from providers.base import NoFreeSlot, ProviderAdapter, ProviderUnavailable
 from providers.catalog import GpuType, ProviderSpec, providers
 from providers.models import Instance, ProviderLock
 
@@ -77,12 +77,16 @@ def reserve_instance(*, job, zone: str, gpu: GpuType) -> Instance:
 
 def available_regions(name: str, gpu_type: str) -> list[str] | None:
     """Where the provider says `gpu_type` can launch now, asked at most once per the adapter's
-    `availability_ttl_seconds`."""
+    `availability_ttl_seconds`; None when it does not say (also when it cannot be reached: the
+    catalog still answers, with availability unknown)."""
     adapter = get_adapter(name)
     cached = _availability.get((name, gpu_type))
     if cached and time.monotonic() - cached[0] < adapter.availability_ttl_seconds:
         return cached[1]
-    regions = adapter.available_regions(gpu_type)
+    try:
+        regions = adapter.available_regions(gpu_type)
+    except ProviderUnavailable:
+        return None  # the provider does not say right now; asked again on the next call
     _availability[(name, gpu_type)] = (time.monotonic(), regions)
     return regions
 

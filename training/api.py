@@ -29,7 +29,7 @@ from training.services import logs as log_services
 from training.services import quotes as quote_services
 from veri.api import WorkspaceView, list_schema, paginate, query_int
 from veri.errors import NotFound, VeriError
-from volumes.api import PlainString
+from volumes.api import PathString
 
 MAX_LOG_LINES = 1000
 EXAMPLE_DATASET_ID = "ds_0123456789abcdef"  # in the schema's examples
@@ -233,7 +233,7 @@ class DatasetsView(WorkspaceView):
         split = serializers.CharField(required=False, allow_blank=True)
         revision = serializers.CharField(required=False, allow_blank=True)
         volume = serializers.CharField(required=False)
-        path = PlainString(required=False)
+        path = PathString(required=False)
 
     @list_schema(DatasetOut, name="DatasetPage", operation_id="datasets_list")
     def get(self, request: Request) -> Response:
@@ -302,7 +302,7 @@ class DatasetView(WorkspaceView):
 class SubmitIn(serializers.Serializer):
     """What a submit may say; a field left out takes `Submission`'s default (defined there only)."""
 
-    base_model = PlainString()
+    base_model = PathString()  # volume://<volume>/<path>: the path in its one spelling
     dataset_id = serializers.CharField()
     method = serializers.CharField()
     reward_source = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)

@@ -20,7 +20,7 @@ from training.models import MAX_SEQ, TrainingJob
 from training.services import worker as worker_services
 from veri.api import ValidatingView
 from veri.errors import NotFound
-from volumes.api import PlainString
+from volumes.api import PathString
 from volumes.services import MAX_OBJECT_BYTES
 
 MAX_STEP = 2**31 - 1  # the step columns are 32-bit
@@ -277,7 +277,7 @@ SHA256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, allow_blank=T
 
 
 class OutputFileIn(serializers.Serializer):
-    path = PlainString()
+    path = PathString()
     sha256 = SHA256
 
 
@@ -289,7 +289,7 @@ class WorkerOutputCredentialsView(WorkerView):
             child=OutputFileIn(), required=False, allow_empty=False, min_length=1, max_length=1000
         )
         paths = serializers.ListField(
-            child=PlainString(), required=False, allow_empty=False, min_length=1, max_length=1000
+            child=PathString(), required=False, allow_empty=False, min_length=1, max_length=1000
         )
 
         def validate(self, data):
@@ -328,7 +328,7 @@ class WorkerOutputCredentialsView(WorkerView):
 
 
 class CheckpointFileIn(serializers.Serializer):
-    path = PlainString()
+    path = PathString()
     size = serializers.IntegerField(min_value=0, max_value=MAX_OBJECT_BYTES)
     sha256 = SHA256
 

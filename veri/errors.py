@@ -43,22 +43,32 @@ class Forbidden(VeriError):
     status, code = 403, "forbidden"
 
 
-class DatabaseUnavailable(VeriError):
+class ServiceUnavailable(VeriError):
+    """Something the request needed (the database, the object store, a GPU provider's API) could
+    not be reached, or answered with its own server error: nothing the client can fix, and the
+    same request may well succeed later. Answered 503 with `Retry-After` (the SDK waits that
+    long and retries), never a 500."""
+
+    status, code = 503, "service_unavailable"
+    retry_after_seconds = 5
+
+    def as_response(self) -> JsonResponse:
+        response = JsonResponse(self.as_body(), status=self.status)
+        response["Retry-After"] = str(self.retry_after_seconds)
+        return response
+
+
+class DatabaseUnavailable(ServiceUnavailable):
     """The database dropped or refused the connection: nothing was done that the client can
     see, and the same request can be sent again (the SDK does, after `Retry-After`)."""
 
-    status, code = 503, "database_unavailable"
+    code = "database_unavailable"
     retry_after_seconds = 2
 
     def __init__(self):
         super().__init__(
             "The database is unreachable for a moment; nothing was changed. Retry the request."
         )
-
-    def as_response(self) -> JsonResponse:
-        response = JsonResponse(self.as_body(), status=self.status)
-        response["Retry-After"] = str(self.retry_after_seconds)
-        return response
 
 
 def first_error(detail, path: str = "") -> tuple[str | None, str]:
@@ -91,7 +101,10 @@ def exception_handler(exc, context):
     if isinstance(exc, OperationalError | InterfaceError):
         return DatabaseUnavailable().as_response()
     if isinstance(exc, VeriError):
-        return Response(exc.as_body(), status=exc.status)
+        response = Response(exc.as_body(), status=exc.status)
+        if isinstance(exc, ServiceUnavailable):
+            response["Retry-After"] = str(exc.retry_after_seconds)
+        return response
     # Imported here: DRF's views module reads the authentication settings as it loads, and those
     # import this module (through the stores' KeyRefused, an error of ours).
     from rest_framework.views import exception_handler as drf_exception_handler

@@ -4,8 +4,9 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, JsonResponse
+from django.template.response import TemplateResponse
 
-from veri.errors import DatabaseUnavailable, TooLarge, VeriError
+from veri.errors import DatabaseUnavailable, ServiceUnavailable, TooLarge, VeriError
 
 # Signed local-store URLs carry file bytes of any size (they are streamed to disk, not parsed).
 UNLIMITED_PREFIXES = ("/v1/store/",)
@@ -20,10 +21,19 @@ def _too_large(limit: int) -> JsonResponse:
     return JsonResponse(error.as_body(), status=413)
 
 
+def _unavailable_page(request: HttpRequest, error: ServiceUnavailable) -> TemplateResponse:
+    context = {"title": "Try again in a moment", "message": error.message}
+    response = TemplateResponse(request, "dashboard/message.html", context, status=503)
+    response["Retry-After"] = str(error.retry_after_seconds)
+    return response.render()
+
+
 class ApiGuardMiddleware:
     """A body over the limit is 413 `request_too_large` before a byte of it is read; a NUL in the
     path or query is 400 (no database column can hold one); errors Django raises while reading a
-    body (too big, too many fields) and a lost database are JSON, not an HTML page."""
+    body (too big, too many fields) and a lost database are JSON, not an HTML page. A dependency
+    that is away (`ServiceUnavailable`: the store, a provider) is 503 with `Retry-After`, in JSON
+    under `/v1/` and as a page elsewhere."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -50,7 +60,11 @@ class ApiGuardMiddleware:
 
     def process_exception(self, request: HttpRequest, exception: Exception):
         if not request.path.startswith("/v1/"):
+            if isinstance(exception, ServiceUnavailable):  # a dashboard or admin page
+                return _unavailable_page(request, exception)
             return None
+        if isinstance(exception, ServiceUnavailable):  # outside DRF's views (the local store's)
+            return exception.as_response()
         if isinstance(exception, RequestDataTooBig):
             return _too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         if isinstance(exception, OperationalError | InterfaceError):  # outside DRF's views

@@ -131,6 +131,11 @@ class StorageTransport:
             max_retries=self.max_retries,
             what="the object store",
         )
+        if response.status_code == 412 and headers.get("If-None-Match") == "*":
+            # A create-only URL whose object is already there: an earlier attempt of this PUT
+            # arrived but its answer was lost. The store held those bytes to the upload's signed
+            # sha256, and completing the upload checks the size.
+            return response.headers.get("ETag", "").strip('"')
         if response.status_code >= 300:
             try:
                 reason = response.json()["error"]["message"]

@@ -1,3 +1,5 @@
+import unicodedata
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -51,8 +53,17 @@ class UsageOut(serializers.ModelSerializer):
         fields = ["hour", "file_count", "total_bytes", "taken_at"]
 
 
+@extend_schema_field(OpenApiTypes.STR)
+class PathString(PlainString):
+    """A file path, taken as sent but in its one Unicode spelling (NFC), so a decomposed `café`
+    from a Mac names the same file as a composed one; the service's path rule decides the rest."""
+
+    def to_internal_value(self, data):
+        return unicodedata.normalize("NFC", super().to_internal_value(data))
+
+
 class FileIn(serializers.Serializer):
-    path = PlainString()
+    path = PathString()
     size = serializers.IntegerField(min_value=0)
     sha256 = serializers.CharField(required=False, allow_blank=True, default="")
 
@@ -106,7 +117,7 @@ UploadInstructions = inline_serializer(
         "headers": serializers.DictField(
             child=serializers.CharField(),
             required=False,
-            help_text="headers the PUT to `url` must carry (a signed checksum)",
+            help_text="headers the PUT to `url` must carry, as signed (checksum, If-None-Match)",
         ),
         "part_size": serializers.IntegerField(required=False),
         "parts": inline_serializer(
@@ -173,9 +184,8 @@ class VolumeFilesView(VolumeScopedView):
         parameters=(OpenApiParameter("prefix", str, description="only paths starting with it"),),
     )
     def get(self, request: Request, volume_id: str) -> Response:
-        volume, prefix = self.volume(volume_id), request.query_params.get("prefix", "")
-        if prefix:  # the start of a path (a folder may end in "/"): held to the path rules
-            services.validate_path(prefix.removesuffix("/"), field="prefix")
+        volume = self.volume(volume_id)
+        prefix = services.validate_prefix(request.query_params.get("prefix", ""))
         return paginate(
             request, selectors.list_files(volume=volume, prefix=prefix), FileOut, order_by="path"
         )

@@ -4,8 +4,9 @@ import hashlib
 import math
 import re
 import secrets
+import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
@@ -17,7 +18,7 @@ from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes.models import PinnedFile, StoreDeletion, Upload, Volume, VolumeFile
-from volumes.stores import StoreError, keys, store_for
+from volumes.stores import StoreError, StoreUnavailable, keys, store_for
 
 NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
 MAX_PARTS = 10_000  # S3's limit
@@ -37,10 +38,14 @@ def validate_volume_name(name: str, *, field: str = "name") -> None:
         )
 
 
-def validate_path(path: str, *, field: str = "path") -> None:
+def validate_path(path: str, *, field: str = "path") -> str:
     """The one rule for every path a customer or a worker sends (`keys.path_problem`): relative
     POSIX, no `.`/`..`/empty segments, no control characters or backslashes, also once
-    percent-decoded, and short enough to be a key."""
+    percent-decoded, and short enough to be a key. Returns the path's one spelling, Unicode NFC:
+    `café` typed on a Mac arrives decomposed (NFD) and must name the same file as `café` typed
+    elsewhere, not a second file that looks identical."""
+    if isinstance(path, str):
+        path = unicodedata.normalize("NFC", path)
     if problem := keys.path_problem(path):
         shown = path if isinstance(path, str) and len(path) <= 200 else f"{str(path)[:200]}…"
         raise VeriError(
@@ -49,6 +54,18 @@ def validate_path(path: str, *, field: str = "path") -> None:
             field=field,
             code="invalid_path",
         )
+    return path
+
+
+def validate_prefix(prefix: str, *, field: str = "prefix") -> str:
+    """The start of a path (a folder may end in `/`), held to the path rules and spelled as
+    `validate_path` spells paths; "" is every path."""
+    if not prefix:
+        return ""
+    folder = prefix.endswith("/")
+    return validate_path(prefix.removesuffix("/") if folder else prefix, field=field) + (
+        "/" if folder else ""
+    )
 
 
 def schedule_store_deletion(*, prefix: keys.Prefix | None = None, key: str = "", reason: str):
@@ -121,8 +138,9 @@ class FileToUpload:
     sha256: str = ""
 
 
-def _validate_file(file: FileToUpload, *, field_prefix: str = "") -> None:
-    validate_path(file.path, field=f"{field_prefix}path")
+def _validate_file(file: FileToUpload, *, field_prefix: str = "") -> FileToUpload:
+    """The file as it will be recorded (its path in its one spelling), or a 400."""
+    file = replace(file, path=validate_path(file.path, field=f"{field_prefix}path"))
     if not isinstance(file.size, int) or file.size < 0:
         raise VeriError(
             "size must be a whole number of bytes, 0 or more.", field=f"{field_prefix}size"
@@ -140,6 +158,7 @@ def _validate_file(file: FileToUpload, *, field_prefix: str = "") -> None:
             field=f"{field_prefix}sha256",
             code="invalid_sha256",
         )
+    return file
 
 
 def part_size_for(size: int) -> int:
@@ -151,8 +170,11 @@ def _instructions(upload: Upload) -> dict:
     store, ttl = store_for(upload.volume.store_prefix), settings.VERI_PRESIGN_TTL_SECONDS
     answer = {"upload_id": upload.public_id, "path": upload.path, "method": upload.method}
     if upload.method == Upload.Method.SINGLE:
+        # Create-only: once the object is there (and completing checked it), re-sending this URL
+        # with other bytes is refused instead of changing a file already recorded. Each upload
+        # has a key of its own, so this never stands in the way of a new upload of the path.
         answer["url"], answer["headers"] = store.presign_put(
-            upload.object_key, expires=ttl, sha256=upload.sha256 or None
+            upload.object_key, expires=ttl, sha256=upload.sha256 or None, create_only=True
         )
     else:
         count = max(1, math.ceil(upload.size / upload.part_size))
@@ -173,13 +195,18 @@ def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict
     """One answer per file: upload instructions, or `{"path", "skipped": True}` when a file with the
     same size and sha256 is already stored at that path."""
     seen: set[str] = set()
-    for index, file in enumerate(files):
+    files = [
         _validate_file(file, field_prefix=f"files.{index}." if len(files) > 1 else "")
+        for index, file in enumerate(files)
+    ]
+    for index, file in enumerate(files):
         # One batch's uploads share a folder: two of one path would be one object, which the
-        # first completion keeps and the second deletes as replaced.
+        # first completion keeps and the second deletes as replaced. Two spellings of one name
+        # (NFC and NFD) are one path by now.
         if file.path in seen:
             raise VeriError(
-                f"{file.path} is in this batch twice; send each path once.",
+                f"{file.path} is in this batch twice (perhaps spelt two ways); send each path "
+                "once.",
                 field=f"files.{index}.path",
                 code="duplicate_path",
             )
@@ -269,6 +296,8 @@ def complete_uploads(
                     upload_id=upload.store_upload_id,
                     parts=completion.parts or [],
                 )
+            except StoreUnavailable:
+                raise  # nothing is decided while the store is away: 503, and the client retries
             except StoreError as exc:
                 store_errors[upload.pk] = (
                     f"{upload.path}: the multipart upload could not be completed ({exc})"

@@ -107,7 +107,8 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     log = "[data-log]"
     try:
         page.wait_for_function(
-            "document.querySelector('[data-log]').textContent.includes('step ')", timeout=180_000
+            "() => document.querySelector('[data-log]').textContent.includes('step ')",
+            timeout=180_000,
         )
     except PlaywrightTimeout:
         job = TrainingJob.objects.get(public_id=job_id)
@@ -115,24 +116,26 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
         raise AssertionError(f"no step line: {job.status} {job.error_message}\n{shown}") from None
     seen = number(page, log, "data-lines")
     page.wait_for_function(
-        f"Number(document.querySelector('[data-log]').dataset.lines) > {seen}", timeout=30_000
+        f"() => Number(document.querySelector('[data-log]').dataset.lines) > {seen}", timeout=30_000
     )
     # A reader who scrolled up keeps their place while lines are added; at the bottom, they follow.
     # (Enough lines to scroll can take a minute: a step takes seconds on a busy machine.)
     page.wait_for_function(
-        "(l => l.scrollHeight > l.clientHeight + 100)(document.querySelector('[data-log]'))",
+        "() => (l => l.scrollHeight > l.clientHeight + 100)(document.querySelector('[data-log]'))",
         timeout=120_000,
     )
     page.evaluate("document.querySelector('[data-log]').scrollTop = 0")
     grown = number(page, log, "data-lines")
     page.wait_for_function(
-        f"Number(document.querySelector('[data-log]').dataset.lines) > {grown}", timeout=30_000
+        f"() => Number(document.querySelector('[data-log]').dataset.lines) > {grown}",
+        timeout=30_000,
     )
     assert page.evaluate("document.querySelector('[data-log]').scrollTop") == 0
     page.evaluate("const l = document.querySelector('[data-log]'); l.scrollTop = l.scrollHeight")
     grown = number(page, log, "data-lines")
     page.wait_for_function(
-        f"Number(document.querySelector('[data-log]').dataset.lines) > {grown}", timeout=30_000
+        f"() => Number(document.querySelector('[data-log]').dataset.lines) > {grown}",
+        timeout=30_000,
     )
     assert (
         page.evaluate(
@@ -151,11 +154,11 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     page.click("[data-tab=metrics]")
     chart = "[data-chart=reward]"
     page.wait_for_function(
-        "Number(document.querySelector('[data-chart=reward]').dataset.points) > 0"
+        "() => Number(document.querySelector('[data-chart=reward]').dataset.points) > 0"
     )
     points = number(page, chart, "data-points")
     page.wait_for_function(
-        f"Number(document.querySelector('[data-chart=reward]').dataset.points) > {points}",
+        f"() => Number(document.querySelector('[data-chart=reward]').dataset.points) > {points}",
         timeout=60_000,
     )
     expect(page.locator("[data-chart=loss] canvas")).to_be_visible()
@@ -167,7 +170,7 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     expect(page.locator("[data-sample]").first).to_contain_text("short")
     expect(page.locator("[data-sample]").first).to_contain_text("Tell me about")
     page.wait_for_function(
-        "Number(document.querySelector('[data-reward-functions]').dataset.points) > 0"
+        "() => Number(document.querySelector('[data-reward-functions]').dataset.points) > 0"
     )
     legend = page.locator("[data-reward-functions] .u-legend")
     expect(legend).to_contain_text("share_of_a")

@@ -5,10 +5,12 @@ import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
 from billing import services as billing
 from tests.conftest import free_port
+from tests.sdk.faults import FaultyProxy
 from veri_sdk import Client, ConnectionFailed, NotFoundError
 from veri_sdk.cli import main, output
 from volumes.models import Volume, VolumeFile
@@ -77,6 +79,47 @@ def test_multipart_upload_through_the_cli_to_s3(cli, capsys, tmp_path, settings,
     file = VolumeFile.objects.get(path="qwen/weights.bin")
     assert file.size == 17 * 1024**2
     assert get_store().get_bytes(file.object_key) == source.read_bytes()
+
+
+def test_single_uploads_send_the_signed_headers_to_s3_and_the_file_cannot_be_rewritten(
+    cli, capsys, tmp_path, settings, s3_store_url
+):
+    """A single PUT carries the headers its URL was signed with (checksum, create-only): the
+    upload works, and its URL cannot write the file again afterwards."""
+    settings.VERI_STORE = s3_store_url
+    source = tmp_path / "train.jsonl"
+    source.write_bytes(b'{"text": "row"}\n' * 100)
+    cli("volumes", "create", "corpus", capsys=capsys)
+    code, out, err = cli("volumes", "upload", "corpus", str(source), capsys=capsys)
+    assert code == 0, err
+    file = VolumeFile.objects.get(path="train.jsonl")
+    assert get_store().get_bytes(file.object_key) == source.read_bytes()
+    store = get_store()
+    url, headers = store.presign_put(file.object_key, expires=60, create_only=True)
+    assert httpx.put(url, content=b"other", headers=headers).status_code == 412
+    assert get_store().get_bytes(file.object_key) == source.read_bytes()
+
+
+def test_a_put_whose_answer_was_lost_is_retried_and_counts_as_stored(
+    cli, capsys, tmp_path, settings, local_store_url, live_server
+):
+    """The store wrote the bytes, then the connection dropped: the retry finds the object there
+    (412 to its create-only URL), which is this same upload's bytes, so the upload completes."""
+    settings.VERI_STORE = local_store_url
+    proxy = FaultyProxy(live_server.url)
+    settings.VERI_PUBLIC_URL = proxy.url  # the local store's signed URLs go through the proxy
+    try:
+        proxy.add("/v1/store/", "drop")
+        client = Client(api_key=cli.key, base_url=proxy.url)
+        client.volumes.create("corpus")
+        source = tmp_path / "notes.txt"
+        source.write_bytes(b"written once\n")
+        client.volumes.upload_file("corpus", str(source))
+        assert proxy.count("/v1/store/", "PUT") == 2
+    finally:
+        proxy.close()
+    file = VolumeFile.objects.get(path="notes.txt")
+    assert (file.size, get_store().get_bytes(file.object_key)) == (13, b"written once\n")
 
 
 def test_delete_asks_for_the_name_unless_yes(

@@ -215,8 +215,9 @@ def test_checksum_mismatch_keeps_the_file_already_there(api_client, settings, lo
 
 
 def test_s3_puts_are_signed_with_the_announced_sha256(api_client, settings, s3_store_url):
-    # moto ignores checksums, so what is asserted is what real S3 enforces: the checksum header
-    # is part of the signature (it cannot be dropped or changed) and the client is told to send it.
+    # moto ignores checksums and signatures, so what is asserted is what real S3 enforces: the
+    # checksum header and the create-only condition are part of the signature (neither can be
+    # dropped or changed) and the client is told to send them.
     settings.VERI_STORE = s3_store_url
     volume = create_volume(api_client)
     digest = sha(b"payload")
@@ -226,9 +227,10 @@ def test_s3_puts_are_signed_with_the_announced_sha256(api_client, settings, s3_s
         format="json",
     ).json()
     expected = base64.b64encode(bytes.fromhex(digest)).decode()
-    assert answer["headers"] == {"x-amz-checksum-sha256": expected}
+    assert answer["headers"] == {"x-amz-checksum-sha256": expected, "If-None-Match": "*"}
     query = parse_qs(urlsplit(answer["url"]).query)
-    assert "x-amz-checksum-sha256" in query["X-Amz-SignedHeaders"][0].split(";")
+    signed = query["X-Amz-SignedHeaders"][0].split(";")
+    assert {"x-amz-checksum-sha256", "if-none-match"} <= set(signed)
     response = httpx.put(
         answer["url"],
         content=b"payload",

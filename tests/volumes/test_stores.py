@@ -198,6 +198,17 @@ def test_scoped_read_credentials_send_a_policy_for_that_prefix_only(s3_store_url
             {"headers": {"x-amz-checksum-sha256": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg="}},
         ),
         (
+            "put_object",
+            {"ChecksumSHA256": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg=", "IfNoneMatch": "*"},
+            "PUT",
+            {
+                "headers": {
+                    "x-amz-checksum-sha256": "n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg=",
+                    "If-None-Match": "*",
+                }
+            },
+        ),
+        (
             "upload_part",
             {"UploadId": "abc/def+1", "PartNumber": 7},
             "PUT",

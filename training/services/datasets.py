@@ -87,7 +87,7 @@ def create_volume_dataset(
     *, workspace: Workspace, volume: str, path: str, name: str = ""
 ) -> Dataset:
     """A file in a volume; the worker reads it from the mount (`/mnt/<volume>/<path>`)."""
-    validate_path(path)
+    path = validate_path(path)
     found = volume_selectors.get_volume(workspace=workspace, id_or_name=volume)
     if volume_selectors.get_file(volume=found, path=path) is None:
         raise VeriError(

@@ -10,6 +10,7 @@ from django.utils import timezone
 from billing import services as billing
 from billing.models import BillingAccount
 from providers import catalog
+from providers.base import ProviderUnavailable
 from providers.models import Instance
 from providers.services import default_provider, get_adapter, is_usable, usable_providers
 from training import errors, specs
@@ -527,13 +528,21 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
 
 def cancel_job(*, job: TrainingJob) -> TrainingJob:
     """Immediate: the instance is terminated before this returns. Cancelling a finished job
-    answers 409; cancelling a cancelled one returns it unchanged."""
-    if job.status == S.CANCELLED:
+    answers 409; cancelling a cancelled one returns it unchanged, once its machine is stopped
+    (a provider that could not be reached is 503; asking again tries to stop it again)."""
+    if job.status == S.CANCELLED and job.settled_at is not None:
         return job
-    if job.is_terminal:
+    if job.is_terminal and job.status != S.CANCELLED:
         raise Conflict(f"Job {job.public_id} already {job.status}.", code="job_finished")
-    job = transition_job(job_id=job.pk, to=S.CANCELLED, detail={"by": "customer"})
-    settle_job(job_id=job.pk)
+    if job.status != S.CANCELLED:
+        job = transition_job(job_id=job.pk, to=S.CANCELLED, detail={"by": "customer"})
+    try:
+        settle_job(job_id=job.pk)  # again on a retry: a machine the provider kept is stopped now
+    except ProviderUnavailable as exc:
+        raise ProviderUnavailable(
+            f"Job {job.public_id}'s machine could not be stopped: {exc.message}. Retry the "
+            "cancel in a moment."
+        ) from exc
     job.refresh_from_db()
     return job
 

@@ -12,7 +12,14 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from volumes.stores import keys
-from volumes.stores.base import BadDigest, ObjectStore, StoredObject, StoreError
+from volumes.stores.base import (
+    BadDigest,
+    ObjectExists,
+    ObjectStore,
+    StoredObject,
+    StoreError,
+    StoreUnavailable,
+)
 from volumes.stores.keys import KeyRefused, Prefix
 from volumes.stores.local import LocalStore
 from volumes.stores.s3 import S3Store
@@ -22,11 +29,13 @@ __all__ = [
     "BadDigest",
     "KeyRefused",
     "LocalStore",
+    "ObjectExists",
     "ObjectStore",
     "Prefix",
     "S3Store",
     "ScopedStore",
     "StoreError",
+    "StoreUnavailable",
     "StoredObject",
     "get_store",
     "keys",

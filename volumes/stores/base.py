@@ -5,6 +5,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from veri.errors import ServiceUnavailable
+
 HASH_CHUNK = 1024 * 1024
 DELETE_BATCH = 1000  # S3's DeleteObjects limit
 
@@ -31,13 +33,33 @@ class BadDigest(StoreError):
     """The body did not match the checksum it was sent with; nothing was stored."""
 
 
+class StoreUnavailable(StoreError, ServiceUnavailable):
+    """The store could not be reached, or answered with its own server error after the client's
+    retries: the request is answered 503 with `Retry-After`, and nothing was recorded."""
+
+    code = "store_unavailable"
+
+    def __init__(self, reason: str):
+        super().__init__(
+            f"The object store is unreachable for a moment ({reason}); nothing was recorded. "
+            "Retry the request."
+        )
+
+
+class ObjectExists(StoreError):
+    """A create-only write found the object already there (S3's 412 to `If-None-Match: *`);
+    what is stored was kept."""
+
+
 class ObjectStore:
     def presign_put(
-        self, key: str, *, expires: int, sha256: str | None = None
+        self, key: str, *, expires: int, sha256: str | None = None, create_only: bool = False
     ) -> tuple[str, dict[str, str]]:
         """A URL for one PUT, and the headers the client must send with it. With `sha256`, the
         store itself refuses a body whose SHA-256 differs (S3 checks its signed
-        `x-amz-checksum-sha256`), so nothing is read back to verify it."""
+        `x-amz-checksum-sha256`), so nothing is read back to verify it. With `create_only`, the
+        URL can only create the object: once one is stored there, sending it again is refused
+        (HTTP 412; S3's signed `If-None-Match: *`), so what was verified cannot be replaced."""
         ...
 
     def presign_get(self, key: str, *, expires: int) -> str: ...

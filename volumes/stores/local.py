@@ -20,6 +20,7 @@ from volumes.stores.base import (
     HASH_CHUNK,
     BadDigest,
     MultipartInProgress,
+    ObjectExists,
     ObjectStore,
     StoredObject,
     StoreError,
@@ -61,10 +62,13 @@ class LocalStore(ObjectStore):
         return claims
 
     def presign_put(
-        self, key: str, *, expires: int, sha256: str | None = None
+        self, key: str, *, expires: int, sha256: str | None = None, create_only: bool = False
     ) -> tuple[str, dict[str, str]]:
         self._path(key)
-        return self.sign(op="put", key=key, sha256=sha256, exp=time.time() + expires), {}
+        claims = {"op": "put", "key": key, "sha256": sha256, "exp": time.time() + expires}
+        if create_only:  # in the signed claims; the header only says so as S3's would
+            return self.sign(**claims, create_only=True), {"If-None-Match": "*"}
+        return self.sign(**claims), {}
 
     def presign_get(self, key: str, *, expires: int) -> str:
         self._path(key)
@@ -173,9 +177,20 @@ class LocalStore(ObjectStore):
         self._write(self._path(key), _IterStream(iter([data])))
 
     def write(
-        self, key: str, stream, *, sha256: str | None = None, content_md5: str | None = None
+        self,
+        key: str,
+        stream,
+        *,
+        sha256: str | None = None,
+        content_md5: str | None = None,
+        create_only: bool = False,
     ) -> str:
-        return self._write(self._path(key), stream, sha256=sha256, content_md5=content_md5)
+        path = self._path(key)
+        if create_only and path.exists():  # refused before a byte is read; the link decides
+            raise ObjectExists(f"{key} is already stored")
+        return self._write(
+            path, stream, sha256=sha256, content_md5=content_md5, create_only=create_only
+        )
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -192,10 +207,17 @@ class LocalStore(ObjectStore):
 
     @staticmethod
     def _write(
-        path: Path, stream, *, sha256: str | None = None, content_md5: str | None = None
+        path: Path,
+        stream,
+        *,
+        sha256: str | None = None,
+        content_md5: str | None = None,
+        create_only: bool = False,
     ) -> str:
         """Write atomically; returns the MD5 hex digest (the ETag S3 would give). Like S3, refuses
-        (`BadDigest`) a body that does not match the SHA-256 or Content-MD5 it was sent with."""
+        (`BadDigest`) a body that does not match the SHA-256 or Content-MD5 it was sent with, and
+        with `create_only` (`ObjectExists`) a path already there, even when two writes race: a
+        hard link, unlike a rename, never replaces its target."""
         path.parent.mkdir(parents=True, exist_ok=True)
         md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -209,7 +231,14 @@ class LocalStore(ObjectStore):
                 raise BadDigest(f"the body's SHA-256 is {sha.hexdigest()}, not {sha256}")
             if content_md5 and base64.b64encode(md5.digest()).decode() != content_md5:
                 raise BadDigest("the body does not match its Content-MD5")
-            os.replace(tmp, path)
+            if create_only:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise ObjectExists(f"{path.name} is already stored") from None
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -8,7 +8,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from veri.errors import Forbidden, NotFound, VeriError
 from volumes.stores import get_store
-from volumes.stores.base import BadDigest, StoreError
+from volumes.stores.base import BadDigest, ObjectExists, StoreError
 from volumes.stores.local import LocalStore
 
 
@@ -48,7 +48,11 @@ class LocalStoreView(View):
         try:
             if claims["op"] == "put":
                 etag = self.store.write(
-                    claims["key"], request, sha256=claims.get("sha256"), content_md5=content_md5
+                    claims["key"],
+                    request,
+                    sha256=claims.get("sha256"),
+                    content_md5=content_md5,
+                    create_only=claims.get("create_only", False),
                 )
             elif claims["op"] == "part":
                 etag = self.store.write_part(
@@ -63,6 +67,13 @@ class LocalStoreView(View):
                 return JsonResponse(error.as_body(), status=403)
         except BadDigest as exc:
             return JsonResponse(VeriError(str(exc), code="bad_digest").as_body(), status=400)
+        except ObjectExists:  # S3 answers 412 PreconditionFailed to its If-None-Match: *
+            error = VeriError(
+                "This URL's object is already stored, and a stored file is never rewritten; "
+                "start a new upload to replace it.",
+                code="precondition_failed",
+            )
+            return JsonResponse(error.as_body(), status=412)
         except StoreError as exc:
             return JsonResponse(NotFound(str(exc), code="no_such_upload").as_body(), status=404)
         except OSError as exc:  # the disk refused the write: like an S3 5xx, worth a retry

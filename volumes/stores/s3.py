@@ -6,12 +6,14 @@ import hmac
 import json
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from urllib.parse import quote, urlsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 from django.conf import settings
 
 from volumes.stores.base import (
@@ -20,6 +22,7 @@ from volumes.stores.base import (
     ObjectStore,
     StoredObject,
     StoreError,
+    StoreUnavailable,
 )
 from volumes.stores.keys import check_key
 
@@ -31,6 +34,8 @@ class S3Store(ObjectStore):
             signature_version="s3v4",
             retries={"max_attempts": 5, "mode": "standard"},
             max_pool_connections=32,
+            # A store that does not answer at all fails a request in seconds (503), not minutes.
+            connect_timeout=5,
         )
         session = boto3.session.Session(region_name=settings.AWS_REGION)
         self.endpoint_url = endpoint_url
@@ -46,9 +51,12 @@ class S3Store(ObjectStore):
         return full[len(self.root) :]
 
     def presign_put(
-        self, key: str, *, expires: int, sha256: str | None = None
+        self, key: str, *, expires: int, sha256: str | None = None, create_only: bool = False
     ) -> tuple[str, dict[str, str]]:
+        # Both headers are signed: a client that leaves one out, or changes it, is refused.
         headers = {"x-amz-checksum-sha256": _b64(sha256)} if sha256 else {}
+        if create_only:
+            headers["If-None-Match"] = "*"  # S3's conditional write: 412 once the key exists
         return self.presigner.url(
             "PUT", self.full_key(key), expires=expires, headers=headers
         ), headers
@@ -57,7 +65,8 @@ class S3Store(ObjectStore):
         return self.presigner.url("GET", self.full_key(key), expires=expires)
 
     def create_multipart(self, key: str) -> str:
-        answer = self.client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key))
+        with _reaching():
+            answer = self.client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key))
         return answer["UploadId"]
 
     def presign_part(self, key: str, *, upload_id: str, number: int, expires: int) -> str:
@@ -66,22 +75,24 @@ class S3Store(ObjectStore):
 
     def complete_multipart(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> None:
         try:
-            self.client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=self.full_key(key),
-                UploadId=upload_id,
-                MultipartUpload={
-                    "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in sorted(parts)]
-                },
-            )
+            with _reaching():
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=self.full_key(key),
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in sorted(parts)]
+                    },
+                )
         except ClientError as exc:
             raise StoreError(exc.response["Error"].get("Message") or str(exc)) from exc
 
     def abort_multipart(self, key: str, *, upload_id: str) -> None:
         try:
-            self.client.abort_multipart_upload(
-                Bucket=self.bucket, Key=self.full_key(key), UploadId=upload_id
-            )
+            with _reaching():
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=self.full_key(key), UploadId=upload_id
+                )
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "NoSuchUpload":
                 raise
@@ -89,20 +100,22 @@ class S3Store(ObjectStore):
     def list_multipart(self, prefix: str) -> list[MultipartInProgress]:
         found = []
         paginator = self.client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(
-            Bucket=self.bucket, Prefix=self.full_key(prefix, folder=True)
-        ):
-            for upload in page.get("Uploads", []):
-                found.append(
-                    MultipartInProgress(
-                        self._unkey(upload["Key"]), upload["UploadId"], upload["Initiated"]
+        with _reaching():
+            for page in paginator.paginate(
+                Bucket=self.bucket, Prefix=self.full_key(prefix, folder=True)
+            ):
+                for upload in page.get("Uploads", []):
+                    found.append(
+                        MultipartInProgress(
+                            self._unkey(upload["Key"]), upload["UploadId"], upload["Initiated"]
+                        )
                     )
-                )
         return found
 
     def head(self, key: str) -> StoredObject | None:
         try:
-            answer = self.client.head_object(Bucket=self.bucket, Key=self.full_key(key))
+            with _reaching():
+                answer = self.client.head_object(Bucket=self.bucket, Key=self.full_key(key))
         except ClientError as exc:
             if exc.response["Error"]["Code"] in {"404", "NoSuchKey", "NotFound"}:
                 return None
@@ -111,28 +124,36 @@ class S3Store(ObjectStore):
 
     def iter_objects(self, prefix: str) -> Iterator[StoredObject]:
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(
-            Bucket=self.bucket, Prefix=self.full_key(prefix, folder=True)
-        ):
+        pages = iter(
+            paginator.paginate(Bucket=self.bucket, Prefix=self.full_key(prefix, folder=True))
+        )
+        while True:
+            with _reaching():  # around each page's request, never around the caller's work
+                page = next(pages, None)
+            if page is None:
+                return
             for item in page.get("Contents", []):
                 yield StoredObject(self._unkey(item["Key"]), item["Size"], item["ETag"].strip('"'))
 
     def open(self, key: str):
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self.full_key(key))["Body"]
+            with _reaching():
+                return self.client.get_object(Bucket=self.bucket, Key=self.full_key(key))["Body"]
         except ClientError as exc:
             raise StoreError(f"{key}: {exc.response['Error'].get('Message') or exc}") from exc
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data)
+        with _reaching():
+            self.client.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": self.full_key(k)} for k in keys[start : start + DELETE_BATCH]]
-            answer = self.client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
-            )
+            with _reaching():
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+                )
             if answer.get("Errors"):
                 first = answer["Errors"][0]
                 raise StoreError(f"could not delete {first['Key']}: {first.get('Message')}")
@@ -166,12 +187,13 @@ class S3Store(ObjectStore):
 
     def scoped_credentials(self, prefix: str, *, ttl: int = 1800, write: bool = False) -> dict:
         """Short-lived credentials limited to `prefix` (read-only unless `write`)."""
-        answer = self.sts.assume_role(
-            RoleArn=settings.VERI_STS_ROLE_ARN,
-            RoleSessionName=f"veri-{uuid.uuid4().hex[:16]}",
-            Policy=json.dumps(self.scoped_policy(prefix, write=write)),
-            DurationSeconds=max(ttl, 900),  # STS's minimum
-        )
+        with _reaching():
+            answer = self.sts.assume_role(
+                RoleArn=settings.VERI_STS_ROLE_ARN,
+                RoleSessionName=f"veri-{uuid.uuid4().hex[:16]}",
+                Policy=json.dumps(self.scoped_policy(prefix, write=write)),
+                DurationSeconds=max(ttl, 900),  # STS's minimum
+            )
         creds = answer["Credentials"]
         return {
             "kind": "s3",
@@ -184,6 +206,23 @@ class S3Store(ObjectStore):
             "endpoint_url": self.endpoint_url,
             "region": settings.AWS_REGION,
         }
+
+
+@contextmanager
+def _reaching():
+    """The store being away (no connection, a timeout, its own 5xx after botocore's retries) is
+    `StoreUnavailable`, answered 503 with Retry-After; its other answers stay as they were."""
+    try:
+        yield
+    except (BotoConnectionError, HTTPClientError) as exc:
+        raise StoreUnavailable(type(exc).__name__) from exc
+    except ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        if status >= 500:
+            raise StoreUnavailable(
+                f"HTTP {status} {exc.response['Error'].get('Code', '')}"
+            ) from exc
+        raise
 
 
 def _b64(hex_digest: str) -> str:

@@ -27,9 +27,11 @@ class ScopedStore:
         return prefix.value
 
     def presign_put(
-        self, key: str, *, expires: int, sha256: str | None = None
+        self, key: str, *, expires: int, sha256: str | None = None, create_only: bool = False
     ) -> tuple[str, dict[str, str]]:
-        return self.store.presign_put(self._key(key), expires=expires, sha256=sha256)
+        return self.store.presign_put(
+            self._key(key), expires=expires, sha256=sha256, create_only=create_only
+        )
 
     def presign_get(self, key: str, *, expires: int) -> str:
         return self.store.presign_get(self._key(key), expires=expires)
