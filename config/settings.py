@@ -277,4 +277,7 @@ VERI_ALARM_FLAT_STEPS = int(env("VERI_ALARM_FLAT_STEPS", "20"))
 VERI_ALARM_FLAT_SPREAD = float(env("VERI_ALARM_FLAT_SPREAD", "0.000001"))
 VERI_ALARM_KL_MAX = float(env("VERI_ALARM_KL_MAX", "1.0"))
 VERI_ALARM_COLLAPSED_STEPS = int(env("VERI_ALARM_COLLAPSED_STEPS", "3"))
+# A job token's lifetime; the worker's runner renews its token halfway through, and the token it
+# renewed with keeps working for the overlap (requests already on their way), then dies.
 VERI_JOB_TOKEN_TTL_SECONDS = int(env("VERI_JOB_TOKEN_TTL_SECONDS", str(14 * 24 * 3600)))
+VERI_JOB_TOKEN_OVERLAP_SECONDS = int(env("VERI_JOB_TOKEN_OVERLAP_SECONDS", "600"))

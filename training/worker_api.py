@@ -32,17 +32,26 @@ METRIC_NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
 EXAMPLE_SHA256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
 
+DEAD_TOKEN = (
+    "This job token is not valid (unknown, expired, or replaced by a renewal or a relaunch), or "
+    "its job has finished."
+)
+
+
+def bearer_token(request: Request) -> str | None:
+    header = authentication.get_authorization_header(request).decode("latin-1")
+    scheme, _, raw = header.partition(" ")
+    return raw.strip() if scheme == "Bearer" and raw.strip() else None
+
+
 class JobTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request):
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        scheme, _, raw = header.partition(" ")
-        if scheme != "Bearer" or not raw.strip():
+        raw = bearer_token(request)
+        if raw is None:
             return None
-        job = worker_services.authenticate_job_token(raw=raw.strip())
+        job = worker_services.authenticate_job_token(raw=raw)
         if job is None:
-            raise exceptions.AuthenticationFailed(
-                "This job token is not valid, or its job has finished."
-            )
+            raise exceptions.AuthenticationFailed(DEAD_TOKEN)
         return None, job
 
     def authenticate_header(self, request: Request) -> str:
@@ -188,6 +197,28 @@ class WorkerNoticeView(WorkerView):
         notice = self.validated(self.WorkerNoticeIn, request.data)
         worker_services.preemption_notice(job=self.job, **notice)
         return _ok(self.job)
+
+
+class TokenOut(serializers.Serializer):
+    token = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    renew_after_seconds = serializers.IntegerField()
+
+
+class WorkerTokenView(WorkerView):
+    @extend_schema(
+        request=None,
+        responses={200: TokenOut},
+        summary="Renew the job token",
+        description="A fresh token for the token's whole lifetime, to use from now on; the token "
+        "sent keeps working for VERI_JOB_TOKEN_OVERLAP_SECONDS, any other one of the job "
+        "stops at once. Ask again after `renew_after_seconds`.",
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        renewed = worker_services.renew_job_token(raw=bearer_token(request))
+        if renewed is None:  # ended or replaced since it was authenticated
+            raise exceptions.AuthenticationFailed(DEAD_TOKEN)
+        return Response(TokenOut(renewed).data)
 
 
 class LogLineIn(serializers.Serializer):
