@@ -262,6 +262,8 @@ VERI_WORKER_SILENT_SECONDS = int(env("VERI_WORKER_SILENT_SECONDS", "900"))
 # its worker still answering, is training_stalled.
 VERI_STALL_SECONDS = int(env("VERI_STALL_SECONDS", "600"))
 VERI_LOG_ARCHIVE_SECONDS = int(env("VERI_LOG_ARCHIVE_SECONDS", "10"))
+# A job's whole log, in bytes: past it, lines are dropped (one marker line says so).
+VERI_MAX_LOG_BYTES = int(env("VERI_MAX_LOG_BYTES", str(100 * 1024**2)))
 # How often every provider is asked for machines tagged as ours whose job has ended.
 VERI_SWEEP_SECONDS = int(env("VERI_SWEEP_SECONDS", "300"))
 VERI_WATCH_PERIOD_SECONDS = float(env("VERI_WATCH_PERIOD_SECONDS", "5"))

@@ -117,6 +117,10 @@ class TrainingJob(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
     log_archived_at = models.DateTimeField(null=True, blank=True)
     log_archived_seq = models.BigIntegerField(null=True, blank=True)
+    # The log kept so far, in UTF-8 bytes with a newline per line (VERI_MAX_LOG_BYTES caps it),
+    # and when it reached the cap: later lines are dropped.
+    log_bytes = models.PositiveBigIntegerField(default=0)
+    log_truncated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

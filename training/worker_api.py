@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from training.models import MAX_SEQ, TrainingJob
+from training.services import logs as log_services
 from training.services import worker as worker_services
 from veri.api import ValidatingView
 from veri.errors import NotFound
@@ -233,14 +234,22 @@ class MetricPointIn(serializers.Serializer):
     at = serializers.DateTimeField(required=False)
 
 
+class LogsAck(AckAdded):
+    log_truncated = serializers.BooleanField(
+        help_text="the job's log reached VERI_MAX_LOG_BYTES: later lines are dropped, so the "
+        "worker stops sending them"
+    )
+
+
 class WorkerLogsView(WorkerView):
     class WorkerLogsIn(serializers.Serializer):
         lines = LogLineIn(many=True, max_length=5000)
 
-    @extend_schema(request=WorkerLogsIn, responses={200: AckAdded})
+    @extend_schema(request=WorkerLogsIn, responses={200: LogsAck})
     def post(self, request: Request, job_id: str) -> Response:
         lines = self.validated(self.WorkerLogsIn, request.data)["lines"]
-        return _ok(self.job, added=worker_services.append_logs(job=self.job, lines=lines))
+        added = worker_services.append_logs(job=self.job, lines=lines)
+        return _ok(self.job, added=added, log_truncated=log_services.is_truncated(job=self.job))
 
 
 class SampleIn(serializers.Serializer):

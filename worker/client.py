@@ -122,6 +122,9 @@ class Shipper:
         self.points: list[dict] = []
         self.sampled: list[dict] = []
         self.seq, self.step, self.dropped = first_seq, None, 0
+        # The control plane said the job's log is full (VERI_MAX_LOG_BYTES): it drops every
+        # later line, so they are not sent.
+        self.log_full = False
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="veri-shipper", daemon=True)
@@ -134,6 +137,9 @@ class Shipper:
     def line(self, text: str) -> None:
         text = text.replace("\x00", "\ufffd")[: self.MAX_LINE_CHARS]
         with self.lock:
+            if self.log_full:
+                self.dropped += 1
+                return
             if len(self.lines) >= self.MAX_BUFFERED_LINES:
                 self.lines.popleft()
                 self.dropped += 1
@@ -166,10 +172,14 @@ class Shipper:
             sampled = self.sampled[:64]
         try:
             if lines:
-                self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)
+                answer = self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)
                 with self.lock:
                     for _ in lines:
                         self.lines.popleft()
+                    if answer.get("log_truncated"):
+                        self.log_full = True
+                        self.dropped += len(self.lines)
+                        self.lines.clear()
             if points:
                 self.api.call("POST", "/metrics", json={"points": points}, attempts=1)
                 with self.lock:
