@@ -9,7 +9,7 @@ def count_live_logs(apps, schema_editor):
     TrainingJob = apps.get_model("training", "TrainingJob")
     LogChunk = apps.get_model("training", "LogChunk")
     live = TrainingJob.objects.exclude(status__in=["completed", "failed", "cancelled"])
-    for job_id in live.values_list("pk", flat=True).iterator():
+    for job_id in list(live.values_list("pk", flat=True)):
         kept = LogChunk.objects.filter(job_id=job_id).aggregate(
             chars=Sum(Length("text")), lines=Count("pk")
         )
