@@ -106,7 +106,8 @@ def launch_job(*, job_id: int) -> str:
                     job_id=job.pk,
                     code="provisioning_error",
                     message=(
-                        f"{job.provider} refused to launch the machine: {exc}. This is Veri's "
+                        f"{job.provider} refused to launch the machine: "
+                        f"{str(exc).rstrip('. ')}. This is Veri's "
                         "configuration, not your job: nothing booted and nothing is billed. "
                         f"Retry later, {_alternative(job, job.provider)}"
                     ),
