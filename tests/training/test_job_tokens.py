@@ -40,10 +40,11 @@ def assert_dead(client: APIClient, job: TrainingJob) -> None:
 
 
 def test_a_token_past_its_lifetime_no_longer_heartbeats(submit, settings):
-    settings.VERI_JOB_TOKEN_TTL_SECONDS = 1
+    settings.VERI_JOB_TOKEN_TTL_SECONDS = 3
+    minted = time.monotonic()
     job, worker = running(submit)
     assert heartbeat(worker, job).status_code == 200
-    time.sleep(1.2)
+    time.sleep(max(0.0, minted + 3.2 - time.monotonic()))
     error = assert_error(heartbeat(worker, job), 401, "authentication_failed")
     assert "expired" in error["message"]
     job.refresh_from_db()
@@ -54,19 +55,22 @@ def test_a_renewed_token_lives_on_and_the_one_renewed_with_stops_after_the_overl
     submit, settings
 ):
     settings.VERI_JOB_TOKEN_TTL_SECONDS = 3600
-    settings.VERI_JOB_TOKEN_OVERLAP_SECONDS = 1
+    settings.VERI_JOB_TOKEN_OVERLAP_SECONDS = 2
     job, launched = running(submit)
+    renewed_at = time.monotonic()
     answer = launched.post(w(job, "token"), format="json").json()
     assert answer["renew_after_seconds"] == 1800 and answer["expires_at"]
     first = as_worker(answer["token"])
     # Requests already sent with the launch token still land during the overlap.
     assert heartbeat(launched, job).status_code == 200
-    # The renewal's answer was lost: the runner asks again with the token it still holds; the
-    # token of the lost answer dies, the new one works.
+    # The renewal's answer was lost: a second later the runner asks again with the token it
+    # still holds; the token of the lost answer dies, the new one works.
+    time.sleep(max(0.0, renewed_at + 1.0 - time.monotonic()))
     second = as_worker(renew(launched, job))
     assert_dead(first, job)
     assert heartbeat(second, job).status_code == 200
-    time.sleep(1.2)  # asking again did not lengthen the launch token's overlap
+    # Asking again did not lengthen the launch token's overlap.
+    time.sleep(max(0.0, renewed_at + 2.5 - time.monotonic()))
     assert_dead(launched, job)
     assert heartbeat(second, job).status_code == 200
     third = as_worker(renew(second, job))  # renewed again, halfway through its lifetime
@@ -114,24 +118,26 @@ def test_the_runner_renews_its_token_while_its_job_lives(
     (the one the machine's boot data holds) before its first request, renews halfway through
     each token's lifetime, so it keeps working long past one lifetime, and is cut off the
     moment the job is cancelled."""
-    settings.VERI_JOB_TOKEN_TTL_SECONDS = 2  # renewed every second
+    settings.VERI_JOB_TOKEN_TTL_SECONDS = 4  # renewed every 2 s
     settings.VERI_JOB_TOKEN_OVERLAP_SECONDS = 1
     job = submit()
     tasks.provision_job(job_id=job.pk)
     launch_token = cloud.launched[-1].env["VERI_JOB_TOKEN"]
     api = ControlPlane(api_url=live_server.url, job_id=job.public_id, token=launch_token)
+    started = time.monotonic()
     assert api.call("POST", "/register", json={}, attempts=1)["status"] == "configuring"
     api.call("POST", "/status", json={"status": "running"}, attempts=1)
-    started = time.monotonic()
-    while time.monotonic() - started < 5:  # two and a half lifetimes
-        api.call("POST", "/heartbeat", json={"step": 1}, attempts=1)
-        time.sleep(0.25)
+    time.sleep(max(0.0, started + 1.5 - time.monotonic()))
+    # Past the overlap, within its own lifetime: the launch token no longer opens anything.
     with_launch_token = httpx.post(
         f"{live_server.url}{w(job, 'heartbeat')}",
         json={},
         headers={"Authorization": f"Bearer {launch_token}"},
     )
     assert with_launch_token.status_code == 401
+    while time.monotonic() - started < 10:  # two and a half lifetimes
+        api.call("POST", "/heartbeat", json={"step": 1}, attempts=1)
+        time.sleep(0.25)
     assert job.tokens.count() <= 2
     answer = api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
     assert answer.json()["status"] == "cancelled"
