@@ -300,6 +300,8 @@ VERI_WORKER_SILENT_SECONDS = int(env("VERI_WORKER_SILENT_SECONDS", "900"))
 # its worker still answering, is training_stalled.
 VERI_STALL_SECONDS = int(env("VERI_STALL_SECONDS", "600"))
 VERI_LOG_ARCHIVE_SECONDS = int(env("VERI_LOG_ARCHIVE_SECONDS", "10"))
+# A job's whole log, in bytes: past it, lines are dropped (one marker line says so).
+VERI_MAX_LOG_BYTES = int(env("VERI_MAX_LOG_BYTES", str(100 * 1024**2)))
 # How often every provider is asked for machines tagged as ours whose job has ended.
 VERI_SWEEP_SECONDS = int(env("VERI_SWEEP_SECONDS", "300"))
 VERI_WATCH_PERIOD_SECONDS = float(env("VERI_WATCH_PERIOD_SECONDS", "5"))
@@ -324,4 +326,7 @@ VERI_ALARM_FLAT_STEPS = int(env("VERI_ALARM_FLAT_STEPS", "20"))
 VERI_ALARM_FLAT_SPREAD = float(env("VERI_ALARM_FLAT_SPREAD", "0.000001"))
 VERI_ALARM_KL_MAX = float(env("VERI_ALARM_KL_MAX", "1.0"))
 VERI_ALARM_COLLAPSED_STEPS = int(env("VERI_ALARM_COLLAPSED_STEPS", "3"))
+# A job token's lifetime; the worker's runner renews its token halfway through, and the token it
+# renewed with keeps working for the overlap (requests already on their way), then dies.
 VERI_JOB_TOKEN_TTL_SECONDS = int(env("VERI_JOB_TOKEN_TTL_SECONDS", str(14 * 24 * 3600)))
+VERI_JOB_TOKEN_OVERLAP_SECONDS = int(env("VERI_JOB_TOKEN_OVERLAP_SECONDS", "600"))

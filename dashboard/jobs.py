@@ -6,7 +6,7 @@ import json
 
 from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import Http404, HttpResponse, JsonResponse
+from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.timezone import now
@@ -153,10 +153,8 @@ def job_logs(request, job_id: str):
 @workspace_view
 def job_full_log(request, job_id: str):
     job = _job(request, job_id)
-    text = (log_services.archived_text(job=job) if job.is_terminal else None) or (
-        log_services.full_text(job=job)
-    )
-    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    chunks = log_services.full_log(job=job) or iter(())
+    response = StreamingHttpResponse(chunks, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{job.public_id}.log"'
     return response
 

@@ -37,7 +37,10 @@ INSTANCE_TYPES: dict[str, tuple[tuple[int, str], ...]] = {
 # Service Quotas' codes for running on-demand instances, in vCPUs, by instance family letter.
 VCPU_QUOTAS = {"g": "L-DB2E81BA", "p": "L-417A185B"}  # G and VT; P
 QUOTA_FAMILIES = {"g": ("g", "vt"), "p": ("p",)}  # the instance types each quota counts
-CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity", "Unsupported"}
+CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity"}
+# `Unsupported` is a capacity answer only when it says the type is not offered in the zone asked
+# for; it also answers an image that cannot run the type, which is configuration.
+ZONE_UNSUPPORTED = "Availability Zone"
 QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
 # The DLAMI with NVIDIA drivers and Python 3, published by AWS per region.
@@ -74,10 +77,23 @@ class AwsProvider(ProviderAdapter):
         return list(catalog.get_provider(self.name).zones)
 
     def image_id(self, region: str) -> str:
+        """VERI_AWS_AMI_ID, else the region's Deep Learning AMI from its public SSM parameter.
+        A lookup that fails is a `ProviderError` in AWS's words (never a capacity answer)."""
         if settings.VERI_AWS_AMI_ID:
             return settings.VERI_AWS_AMI_ID
-        answer = self.client("ssm", region).get_parameter(Name=DEFAULT_AMI_PARAMETER)
-        return answer["Parameter"]["Value"]
+        try:
+            answer = self.client("ssm", region).get_parameter(Name=DEFAULT_AMI_PARAMETER)
+            return answer["Parameter"]["Value"]
+        except ClientError as exc:
+            raise ProviderError(
+                f"the machine image could not be looked up in {region} (SSM parameter "
+                f"{DEFAULT_AMI_PARAMETER}; set VERI_AWS_AMI_ID to skip the lookup): "
+                f"{_aws_message(exc)}"
+            ) from exc
+        except BotoCoreError as exc:
+            raise ProviderError(
+                f"the machine image could not be looked up in {region}: {exc}"
+            ) from exc
 
     def quota_problem(self, region: str, kind: str) -> str | None:
         """Why Veri's vCPU quota for `kind`'s family cannot take one more, from Service Quotas and
@@ -124,9 +140,10 @@ class AwsProvider(ProviderAdapter):
             {"Key": DEPLOYMENT_TAG, "Value": deployment_id()},
             {"Key": "Name", "Value": f"veri {spec.job_id}"},
         ]
+        image = self.image_id(spec.region)
         try:
             answer = self.client("ec2", spec.region).run_instances(
-                ImageId=self.image_id(spec.region),
+                ImageId=image,
                 InstanceType=kind,
                 MinCount=1,
                 MaxCount=1,
@@ -145,15 +162,14 @@ class AwsProvider(ProviderAdapter):
                 ],
             )
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            message = f"{code}: {exc.response.get('Error', {}).get('Message', '')}"
-            if code in CAPACITY_CODES:
+            code, message = exc.response.get("Error", {}).get("Code", ""), _aws_message(exc)
+            if code in CAPACITY_CODES or (code == "Unsupported" and ZONE_UNSUPPORTED in message):
                 raise CapacityError(f"{kind} in {spec.zone}: {message}") from exc
             if code in QUOTA_CODES:
                 raise QuotaError(f"{kind} in {spec.region}: {message}") from exc
             raise ProviderError(f"EC2 refused {kind} in {spec.zone}: {message}") from exc
-        except BotoCoreError as exc:
-            raise ProviderError(f"EC2 could not be reached: {exc}") from exc
+        except BotoCoreError as exc:  # unreachable, or no credentials at all
+            raise ProviderError(f"EC2 could not be called: {exc}") from exc
         return scoped_id(spec.region, answer["Instances"][0]["InstanceId"])
 
     def _describe(self, region: str, **query) -> list[dict]:
@@ -224,3 +240,9 @@ class AwsProvider(ProviderAdapter):
         except (ClientError, BotoCoreError, NoCredentialsError):
             return None  # EC2 did not say: capacity is found out by launching
         return regions
+
+
+def _aws_message(exc: ClientError) -> str:
+    """`Code: Message`, as AWS answered."""
+    error = exc.response.get("Error", {})
+    return f"{error.get('Code', '')}: {error.get('Message', '')}"

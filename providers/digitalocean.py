@@ -7,7 +7,14 @@ import re
 from django.conf import settings
 
 from providers import bootstrap, catalog
-from providers.base import CapacityError, InstanceState, LaunchSpec, ProviderAdapter, QuotaError
+from providers.base import (
+    CapacityError,
+    InstanceState,
+    LaunchSpec,
+    ProviderAdapter,
+    ProviderError,
+    QuotaError,
+)
 from providers.http import ProviderApiError, RestClient
 from veri.services import deployment_id
 
@@ -17,6 +24,8 @@ IMAGES = {"gpu-h100x1-80gb": "gpu-h100x1-base", "gpu-h100x8-640gb": "gpu-h100x8-
 GONE = {"off", "archive"}
 # DigitalOcean tags allow letters, digits, colons, dashes and underscores.
 JOB_TAG_PREFIX = "veri-job:"
+# A 422 that is about capacity: the size (or the region) is not available there now.
+CAPACITY = re.compile(r"(size|region).{0,40}(not available|unavailable)|capacity", re.I)
 
 
 def deployment_tag() -> str:
@@ -62,11 +71,13 @@ class DigitalOceanProvider(ProviderAdapter):
             message = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc.body)
             if exc.status == 422 and re.search(r"droplet limit|exceed", message, re.I):
                 raise QuotaError(f"{size}: {message}") from exc
-            if exc.status == 422 and re.search(
-                r"not available|capacity|unavailable", message, re.I
-            ):
+            if exc.status == 422 and CAPACITY.search(message):
                 raise CapacityError(f"{size} in {spec.zone}: {message}") from exc
-            raise
+            # Anything else (a token refused, an image or parameter rejected) is configuration.
+            raise ProviderError(
+                f"DigitalOcean refused {size} in {spec.zone} (HTTP {exc.status}): "
+                f"{message or exc.body}"
+            ) from exc
         return str(answer["droplet"]["id"])
 
     def _droplets(self, **params) -> list[dict]:

@@ -36,7 +36,7 @@ MAX_RUN_SECONDS = 24 * 3600  # Flex-start's limit: GCP deletes the VM then
 GONE = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
 READY = {"STAGING", "RUNNING"}  # the GPU is ours (PROVISIONING: Flex-start still looks)
 CAPACITY = re.compile(r"RESOURCE_POOL_EXHAUSTED|does not have enough resources|STOCKOUT", re.I)
-QUOTA = re.compile(r"QUOTA_EXCEEDED|quota .* exceeded", re.I)
+QUOTA = re.compile(r"QUOTA_EXCEEDED|quotaExceeded|quota .* exceeded", re.I)
 
 
 def instance_name(job_id: str) -> str:
@@ -113,7 +113,9 @@ class GcpProvider(ProviderAdapter):
         except gcp_errors.GoogleAPICallError as exc:
             if CAPACITY.search(str(exc)):
                 raise CapacityError(f"{machine} in {spec.zone}: {exc.message}") from exc
-            if QUOTA.search(str(exc)) or exc.code == 403:
+            # Quota is a 403 naming the quota; a bare 403 is a permission refused (credentials
+            # or IAM), which is configuration, not an account limit.
+            if QUOTA.search(str(exc)):
                 raise QuotaError(f"{machine} in {spec.zone}: {exc.message}") from exc
             raise ProviderError(f"GCP refused {machine} in {spec.zone}: {exc.message}") from exc
         return scoped_id(spec.zone, name)

@@ -3,6 +3,8 @@ the zone's countries, accept it (a new instance running the worker's bootstrap o
 label the instance with this deployment and the job. VAST_API_KEY authenticates;
 VERI_VAST_API_URL points it elsewhere."""
 
+import re
+
 from django.conf import settings
 
 from providers import bootstrap, catalog
@@ -39,9 +41,18 @@ def job_of(instance_label: str | None) -> str | None:
     )
 
 
+# An offer someone else rented between our search and our accept (Vast answers `no_such_ask`,
+# with 400, 404 or 410): the next offer may still be free. Any other refusal of an accept is not
+# about capacity.
+OFFER_GONE = re.compile(r"no_such_ask|no longer available|not available|already rented", re.I)
+
+
 def _error(exc: ProviderApiError) -> str:
+    """Vast's own words: `{"success": false, "error": code, "msg": text}` (some answers carry
+    only `msg` or `message`)."""
     body = exc.body if isinstance(exc.body, dict) else {}
-    return f"{body.get('error', '')} {body.get('msg', '')}".strip() or str(exc)
+    text = body.get("msg") or body.get("message") or ""
+    return f"{body.get('error', '')} {text}".strip() or str(exc)
 
 
 class VastProvider(ProviderAdapter):
@@ -92,6 +103,10 @@ class VastProvider(ProviderAdapter):
                 reason = _error(exc)
                 if "credit" in reason.lower() or exc.status == 402:
                     raise FundsError(reason) from exc
+                if exc.status in (401, 403) or not OFFER_GONE.search(reason):
+                    raise ProviderError(
+                        f"Vast.ai refused the rental (HTTP {exc.status}): {reason}"
+                    ) from exc
                 refusals.append(reason)  # taken meanwhile, or no longer rentable
                 continue
             if answer.get("success") and answer.get("new_contract"):

@@ -1,6 +1,6 @@
 """`/v1/datasets`, `/v1/training_jobs` (API key) and `/v1/worker/jobs` (job token)."""
 
-from django.http import HttpResponse
+from django.http import StreamingHttpResponse
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
@@ -478,14 +478,14 @@ class LogsView(JobScopedView):
 
 class FullLogView(JobScopedView):
     @extend_schema(responses={(200, "text/plain"): str})
-    def get(self, request: Request, job_id: str) -> HttpResponse:
+    def get(self, request: Request, job_id: str) -> StreamingHttpResponse:
+        """Streamed a page at a time, from the store or the database: a log of any size costs
+        the server the same memory."""
         job = self.job(job_id)
-        text = log_services.archived_text(job=job) if job.is_terminal else None
-        if text is None:
-            text = log_services.full_text(job=job)
-        if not text and job.is_terminal:
+        chunks = log_services.full_log(job=job)
+        if chunks is None:
             raise NotFound("log was never uploaded for this job", code="log_not_uploaded")
-        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+        return StreamingHttpResponse(chunks, content_type="text/plain; charset=utf-8")
 
 
 class EventsView(JobScopedView):

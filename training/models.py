@@ -120,6 +120,10 @@ class TrainingJob(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
     log_archived_at = models.DateTimeField(null=True, blank=True)
     log_archived_seq = models.BigIntegerField(null=True, blank=True)
+    # The log kept so far, in UTF-8 bytes with a newline per line (VERI_MAX_LOG_BYTES caps it),
+    # and when it reached the cap: later lines are dropped.
+    log_bytes = models.PositiveBigIntegerField(default=0)
+    log_truncated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -306,11 +310,14 @@ class WatchdogState(models.Model):
 
 
 class JobToken(models.Model):
-    """The worker's credential: one job's worker endpoints only, dead once the job is terminal."""
+    """The worker's credential: one job's worker endpoints only, until `expires_at`, and dead
+    once the job is terminal. A job holds one, or two for a few minutes after its runner renewed
+    (the one it renewed with keeps working for requests in flight); a relaunch replaces all."""
 
-    job = models.OneToOneField(TrainingJob, on_delete=models.CASCADE, related_name="token")
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="tokens")
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
 
     def __str__(self) -> str:
         return f"token of {self.job_id}"

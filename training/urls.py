@@ -22,6 +22,7 @@ urlpatterns = [
     path("worker/jobs/<str:job_id>/heartbeat", worker_api.WorkerHeartbeatView.as_view()),
     path("worker/jobs/<str:job_id>/phase", worker_api.WorkerPhaseView.as_view()),
     path("worker/jobs/<str:job_id>/notice", worker_api.WorkerNoticeView.as_view()),
+    path("worker/jobs/<str:job_id>/token", worker_api.WorkerTokenView.as_view()),
     path("worker/jobs/<str:job_id>/logs", worker_api.WorkerLogsView.as_view()),
     path("worker/jobs/<str:job_id>/metrics", worker_api.WorkerMetricsView.as_view()),
     path("worker/jobs/<str:job_id>/samples", worker_api.WorkerSamplesView.as_view()),

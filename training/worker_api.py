@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from training.models import MAX_SEQ, TrainingJob
+from training.services import logs as log_services
 from training.services import worker as worker_services
 from veri.api import ValidatingView
 from veri.errors import NotFound
@@ -32,17 +33,26 @@ METRIC_NAME_RE = re.compile(r"[A-Za-z0-9_./:-]{1,100}")
 EXAMPLE_SHA256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
 
+DEAD_TOKEN = (
+    "This job token is not valid (unknown, expired, or replaced by a renewal or a relaunch), or "
+    "its job has finished."
+)
+
+
+def bearer_token(request: Request) -> str | None:
+    header = authentication.get_authorization_header(request).decode("latin-1")
+    scheme, _, raw = header.partition(" ")
+    return raw.strip() if scheme == "Bearer" and raw.strip() else None
+
+
 class JobTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request: Request):
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        scheme, _, raw = header.partition(" ")
-        if scheme != "Bearer" or not raw.strip():
+        raw = bearer_token(request)
+        if raw is None:
             return None
-        job = worker_services.authenticate_job_token(raw=raw.strip())
+        job = worker_services.authenticate_job_token(raw=raw)
         if job is None:
-            raise exceptions.AuthenticationFailed(
-                "This job token is not valid, or its job has finished."
-            )
+            raise exceptions.AuthenticationFailed(DEAD_TOKEN)
         return None, job
 
     def authenticate_header(self, request: Request) -> str:
@@ -205,6 +215,28 @@ class WorkerNoticeView(WorkerView):
         return _ok(self.job)
 
 
+class TokenOut(serializers.Serializer):
+    token = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    renew_after_seconds = serializers.IntegerField()
+
+
+class WorkerTokenView(WorkerView):
+    @extend_schema(
+        request=None,
+        responses={200: TokenOut},
+        summary="Renew the job token",
+        description="A fresh token for the token's whole lifetime, to use from now on; the token "
+        "sent keeps working for VERI_JOB_TOKEN_OVERLAP_SECONDS, any other one of the job "
+        "stops at once. Ask again after `renew_after_seconds`.",
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        renewed = worker_services.renew_job_token(raw=bearer_token(request))
+        if renewed is None:  # ended or replaced since it was authenticated
+            raise exceptions.AuthenticationFailed(DEAD_TOKEN)
+        return Response(TokenOut(renewed).data)
+
+
 class LogLineIn(serializers.Serializer):
     seq = serializers.IntegerField(min_value=0, max_value=MAX_SEQ)
     text = LossyText(limit=MAX_LINE_CHARS)
@@ -217,14 +249,22 @@ class MetricPointIn(serializers.Serializer):
     at = serializers.DateTimeField(required=False)
 
 
+class LogsAck(AckAdded):
+    log_truncated = serializers.BooleanField(
+        help_text="the job's log reached VERI_MAX_LOG_BYTES: later lines are dropped, so the "
+        "worker stops sending them"
+    )
+
+
 class WorkerLogsView(WorkerView):
     class WorkerLogsIn(serializers.Serializer):
         lines = LogLineIn(many=True, max_length=5000)
 
-    @extend_schema(request=WorkerLogsIn, responses={200: AckAdded})
+    @extend_schema(request=WorkerLogsIn, responses={200: LogsAck})
     def post(self, request: Request, job_id: str) -> Response:
         lines = self.validated(self.WorkerLogsIn, request.data)["lines"]
-        return _ok(self.job, added=worker_services.append_logs(job=self.job, lines=lines))
+        added = worker_services.append_logs(job=self.job, lines=lines)
+        return _ok(self.job, added=added, log_truncated=log_services.is_truncated(job=self.job))
 
 
 class SampleIn(serializers.Serializer):

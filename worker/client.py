@@ -24,17 +24,55 @@ class ControlPlaneError(Exception):
 
 
 class ControlPlane:
+    """The runner's only line to the control plane. It holds the job token and renews it: first
+    before its first request (the token it was launched with, which the machine's boot data and
+    environment still hold, then stops working after a short overlap), then whenever the control
+    plane said to (halfway through the token's lifetime). A renewal that fails is tried again a
+    minute later; the token in hand keeps working meanwhile."""
+
+    RENEW_RETRY_SECONDS = 60.0
+
     def __init__(self, *, api_url: str, job_id: str, token: str, timeout: float = 30.0):
         self.http = httpx.Client(
             base_url=f"{api_url.rstrip('/')}/v1/worker/jobs/{job_id}",
             timeout=timeout,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "veri-worker/0.1"},
         )
+        self._renew_at = 0.0  # time.monotonic() of the next renewal; 0: before the first call
+        self._renewing = threading.Lock()  # the shipper thread and the runner share this client
+
+    def renew_token(self) -> bool:
+        """Swap the job token for a fresh one now; False (and another try in a minute) when the
+        control plane did not give one."""
+        with self._renewing:
+            return self._renew()
+
+    def _renew_if_due(self) -> None:
+        if time.monotonic() < self._renew_at:
+            return
+        with self._renewing:
+            if time.monotonic() >= self._renew_at:  # not just renewed by the other thread
+                self._renew()
+
+    def _renew(self) -> bool:
+        try:
+            response = self.http.post("/token")
+            answer = response.json() if response.status_code == 200 else {}
+            token, renew_after = answer["token"], float(answer["renew_after_seconds"])
+        except (httpx.TransportError, ValueError, KeyError, TypeError):
+            # Unreachable, or refused (a dead token: the request this precedes will say so).
+            log.info("job token not renewed; trying again later")
+            self._renew_at = time.monotonic() + self.RENEW_RETRY_SECONDS
+            return False
+        self.http.headers["Authorization"] = f"Bearer {token}"
+        self._renew_at = time.monotonic() + renew_after
+        return True
 
     def call(self, method: str, path: str, *, json=None, attempts: int | None = None) -> dict:
         """One request, retried with backoff on connection errors, 5xx and 429: `attempts` times,
         or else for `VERI_WORKER_API_PATIENCE_SECONDS` (30 minutes): a control plane being
         restarted or redeployed must not end a training whose machine is still running."""
+        self._renew_if_due()
         deadline = time.monotonic() + float(
             os.environ.get("VERI_WORKER_API_PATIENCE_SECONDS", DEFAULT_PATIENCE_SECONDS)
         )
@@ -84,6 +122,9 @@ class Shipper:
         self.points: list[dict] = []
         self.sampled: list[dict] = []
         self.seq, self.step, self.dropped = first_seq, None, 0
+        # The control plane said the job's log is full (VERI_MAX_LOG_BYTES): it drops every
+        # later line, so they are not sent.
+        self.log_full = False
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="veri-shipper", daemon=True)
@@ -96,6 +137,9 @@ class Shipper:
     def line(self, text: str) -> None:
         text = text.replace("\x00", "\ufffd")[: self.MAX_LINE_CHARS]
         with self.lock:
+            if self.log_full:
+                self.dropped += 1
+                return
             if len(self.lines) >= self.MAX_BUFFERED_LINES:
                 self.lines.popleft()
                 self.dropped += 1
@@ -128,10 +172,14 @@ class Shipper:
             sampled = self.sampled[:64]
         try:
             if lines:
-                self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)
+                answer = self.api.call("POST", "/logs", json={"lines": lines}, attempts=1)
                 with self.lock:
                     for _ in lines:
                         self.lines.popleft()
+                    if answer.get("log_truncated"):
+                        self.log_full = True
+                        self.dropped += len(self.lines)
+                        self.lines.clear()
             if points:
                 self.api.call("POST", "/metrics", json={"points": points}, attempts=1)
                 with self.lock:

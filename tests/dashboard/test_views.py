@@ -165,7 +165,7 @@ def test_the_json_reads_return_what_the_worker_sent_after_a_cursor(browser, subm
         ("alarm_reward_flat", "The reward stayed at 0.5.")
     ]
     text = browser.get(f"/jobs/{job.public_id}/log.txt")
-    assert text.content.decode().splitlines() == [f"line {i}" for i in range(5)]
+    assert text.getvalue().decode().splitlines() == [f"line {i}" for i in range(5)]
 
 
 def test_cancel_from_the_page_ends_the_job(browser, submit):

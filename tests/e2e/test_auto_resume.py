@@ -91,7 +91,7 @@ def assert_restarted_once_and_completed(api_client, job_id: str, *, cause: str, 
         MetricPoint.objects.filter(job=job).order_by("step").values_list("step", flat=True)
     )
     assert steps == list(range(1, max_steps + 1))  # no gap, no step twice
-    full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+    full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
     assert full.count(f"step {max_steps}/{max_steps}") == 1
     got = api_client.get(f"/v1/training_jobs/{job_id}").json()
     [run] = got["restarts"]

@@ -57,7 +57,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
         got = api_client.get(f"/v1/training_jobs/{job_id}").json()
         assert (got["status"], got["last_step"]) == ("completed", 3), got
         assert got["cost_usd"] is not None and got["cost_attributed_at"] is not None
-        full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+        full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
         assert "stub step 3 of grpo on volume://models/tiny" in full
         [final] = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
         assert final["final"] and final["files"][0]["path"] == "adapter_config.json"

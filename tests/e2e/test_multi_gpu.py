@@ -71,7 +71,7 @@ def test_two_cpu_processes_train_sft_and_grpo_data_parallel(
             MetricPoint.objects.filter(job=job).order_by("step").values_list("step", flat=True)
         )
         assert recorded == list(range(1, steps + 1))  # one set of metrics, from rank 0
-        full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+        full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
         assert "hardware check passed: 2 cpu rank(s)" in full
         assert full.count(f"step {steps}/{steps}") == 1
         folder = download_final(api_client, job_id, tmp_path / job_id)
@@ -122,10 +122,10 @@ def test_a_killed_rank_is_a_distributed_error_and_a_hung_one_a_stall(
         "distributed_error",
         "pending",
     ), job.error_message
-    full = api_client.get(f"/v1/training_jobs/{killed}/logs/full").content.decode()
+    full = api_client.get(f"/v1/training_jobs/{killed}/logs/full").getvalue().decode()
     assert "the last lines of rank 1:" in full and "[rank 1] step " in full
 
     job = wait_settled(hung, timeout=200)
     assert (job.status, job.error_code) == ("failed", "training_stalled"), job.error_message
-    full = api_client.get(f"/v1/training_jobs/{hung}/logs/full").content.decode()
+    full = api_client.get(f"/v1/training_jobs/{hung}/logs/full").getvalue().decode()
     assert "Thread 0x" in full  # rank 0's stack, where it waits for rank 1

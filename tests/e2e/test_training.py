@@ -189,7 +189,7 @@ def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
     assert last > first + 0.1, rewards
     got = api_client.get(f"/v1/training_jobs/{job_id}").json()
     assert got["last_step"] == 40 and got["started_at"] and float(got["cost_usd"]) > 0
-    full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+    full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
     assert "[veri] training finished at step 40" in full
     # One readable line per step, not the trainer's raw dicts.
     progress = [line for line in full.splitlines() if line.startswith("step ")]
@@ -237,7 +237,7 @@ def test_sft_loss_falls_and_dpo_completes(api_client, platform, tiny_model, tmp_
         assert job.status == "completed", (job.error_code, job.error_message)
         assert (
             "training finished"
-            in api_client.get(f"/v1/training_jobs/{job_id}/logs/full").content.decode()
+            in api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
         )
         folder = download_final(api_client, job_id, tmp_path / job_id)
         assert_loads_and_generates(folder, base=tiny_model)
@@ -300,7 +300,7 @@ def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
         for p in api_client.get(f"/v1/training_jobs/{resumed['id']}/metrics").json()["data"]
     ]
     assert min(steps) == newest + 1 and job.last_step == newest + 3
-    full = api_client.get(f"/v1/training_jobs/{resumed['id']}/logs/full").content.decode()
+    full = api_client.get(f"/v1/training_jobs/{resumed['id']}/logs/full").getvalue().decode()
     assert f"at step {newest}" in full
 
 
@@ -338,7 +338,7 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
         job = wait_settled(job_id)
         assert (job.status, job.error_code) == ("failed", code), job.error_message
     assert "part-1.jsonl" in TrainingJob.objects.get(public_id=incomplete).error_message
-    full = api_client.get(f"/v1/training_jobs/{raising}/logs/full").content.decode()
+    full = api_client.get(f"/v1/training_jobs/{raising}/logs/full").getvalue().decode()
     assert "Traceback" in full and "ValueError: bad reward" in full
     assert full.count("[veri] failed: training_error") == 1
 

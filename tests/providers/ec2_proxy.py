@@ -5,6 +5,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
+from xml.sax.saxutils import escape
 
 import httpx
 
@@ -17,7 +18,9 @@ ERROR = (
 class Ec2Proxy:
     def __init__(self, upstream: str):
         self.upstream = upstream.rstrip("/")
-        self.refusals: dict[str, str] = {}  # zone -> EC2 error code for RunInstances there
+        # zone -> EC2's answer to RunInstances there: an error code (HTTP 400, a made-up
+        # message), or (code, message, HTTP status) as EC2 words it
+        self.refusals: dict[str, str | tuple[str, str, int]] = {}
         self.quotas: dict[str, float] = {}  # Service Quotas' code -> value (moto has none)
         self.actions: list[dict] = []  # every EC2 request's form fields (first values)
         self.lock = threading.Lock()
@@ -55,9 +58,12 @@ class Ec2Proxy:
             self.actions.append(fields)
         zone = fields.get("Placement.AvailabilityZone", "")
         if fields.get("Action") == "RunInstances" and zone in self.refusals:
-            code = self.refusals[zone]
-            payload = ERROR.format(code=code, message=f"injected {code} in {zone}").encode()
-            self._answer(request, 400, payload, "text/xml")
+            refusal = self.refusals[zone]
+            code, message, status = (
+                refusal if isinstance(refusal, tuple) else (refusal, f"injected {refusal}", 400)
+            )
+            payload = ERROR.format(code=code, message=escape(message)).encode()
+            self._answer(request, status, payload, "text/xml")
             return
         headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
         answer = httpx.request(

@@ -13,6 +13,8 @@ TOKEN = "test-provider-token"
 
 class FakeApi:
     token: str | None = TOKEN  # the bearer token every request must carry (None: not checked)
+    # The provider's answer to a request without that token.
+    unauthorized: tuple[int, dict] = (401, {"id": "unauthorized", "message": "bad token"})
 
     def __init__(self):
         self.requests: list[tuple[str, str, dict | None]] = []  # (method, path, body)
@@ -35,7 +37,7 @@ class FakeApi:
                         self._send(429, {"id": "too_many_requests"}, {"Retry-After": "0"})
                         return
                 if fake.token and self.headers.get("Authorization") != f"Bearer {fake.token}":
-                    self._send(401, {"id": "unauthorized", "message": "bad token"})
+                    self._send(*fake.unauthorized)
                     return
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 with fake.lock:
@@ -84,10 +86,13 @@ class FakeDigitalOcean(FakeApi):
         {"slug": "gpu-h100x1-80gb", "available": True, "regions": ["nyc2", "tor1"]},
         {"slug": "gpu-h100x8-640gb", "available": True, "regions": ["nyc2"]},
     ]
+    # What DigitalOcean answers a token it does not know (or a revoked one).
+    unauthorized = (401, {"id": "Unauthorized", "message": "Unable to authenticate you"})
 
     def __init__(self):
         self.droplets: dict[int, dict] = {}
-        self.refusals: dict[str, str] = {}  # region -> 422 message on create
+        # region -> the answer to a create there: a 422 message, or (status, id, message)
+        self.refusals: dict[str, str | tuple[int, str, str]] = {}
         super().__init__()
 
     def route(self, method, path, query, body):
@@ -127,8 +132,11 @@ class FakeDigitalOcean(FakeApi):
             or len(body.get("user_data", "")) > 64 * 1024
         ):
             return self.refuse_shape("user_data: a string of at most 64 KiB")
-        if message := self.refusals.get(body["region"]):
-            return 422, {"id": "unprocessable_entity", "message": message}
+        if refusal := self.refusals.get(body["region"]):
+            status, error_id, message = (
+                refusal if isinstance(refusal, tuple) else (422, "unprocessable_entity", refusal)
+            )
+            return status, {"id": error_id, "message": message}
         droplet = {
             "id": self.new_id(),
             "name": body["name"],
@@ -145,7 +153,13 @@ class FakeDigitalOcean(FakeApi):
 
 class FakeVast(FakeApi):
     """https://docs.vast.ai/api-reference: search offers (bundles), accept one (asks), list and
-    destroy instances."""
+    destroy instances. Errors have the documented shape (rate-limits-and-errors):
+    `{"success": false, "error": "<code>", "msg": "<text>"}`."""
+
+    unauthorized = (
+        401,
+        {"success": False, "error": "invalid_user_key", "msg": "Invalid or missing API key."},
+    )
 
     def __init__(self):
         self.offers: list[dict] = []
@@ -153,6 +167,7 @@ class FakeVast(FakeApi):
         self.taken: set[int] = set()  # accepted offers, which searches no longer list
         self.gone_on_accept: set[int] = set()  # listed, but someone else takes them first
         self.credit_left = True
+        self.refuse_accept: tuple[int, dict] | None = None  # every accept answers this
         super().__init__()
 
     def add_offer(self, gpu_name: str, num_gpus: int, geolocation: str, price: float) -> int:
@@ -214,6 +229,8 @@ class FakeVast(FakeApi):
             return self.refuse_shape("runtype: ssh, jupyter, args, ...")
         if not isinstance(body.get("onstart", ""), str):
             return self.refuse_shape("onstart: a string of shell commands")
+        if self.refuse_accept:
+            return self.refuse_accept
         if not self.credit_left:
             return 400, {
                 "success": False,
@@ -253,6 +270,7 @@ class FakeGcp(FakeApi):
         self.vms: dict[tuple[str, str], dict] = {}  # (zone, name) -> instance
         self.stockouts: set[str] = set()  # zones without capacity
         self.quota_exceeded = False
+        self.refuse_insert: tuple[int, dict] | None = None  # every insert answers this
         self.accelerators = [("us-east4-a", "nvidia-h100-80gb"), ("us-west1-a", "nvidia-a100-80gb")]
         super().__init__()
 
@@ -324,6 +342,8 @@ class FakeGcp(FakeApi):
             return self.refuse_shape("labels: lower-case keys and values")
         if not body.get("disks") or not body.get("networkInterfaces"):
             return self.refuse_shape("disks and networkInterfaces are required")
+        if self.refuse_insert:
+            return self.refuse_insert
         if self.quota_exceeded:
             message = "Quota 'NVIDIA_H100_GPUS' exceeded.  Limit: 0.0 in region us-east4."
             return 403, {
@@ -342,3 +362,14 @@ class FakeGcp(FakeApi):
         vm = dict(body, status="PROVISIONING", zone=f"zones/{zone}", id=str(self.new_id()))
         self.vms[(zone, body["name"])] = vm
         return 200, self.operation(zone)
+
+    @staticmethod
+    def error(status: int, reason: str, message: str) -> tuple[int, dict]:
+        """An error as Compute answers one: `{"error": {code, message, errors: [{reason}]}}`."""
+        return status, {
+            "error": {
+                "code": status,
+                "message": message,
+                "errors": [{"message": message, "domain": "global", "reason": reason}],
+            }
+        }

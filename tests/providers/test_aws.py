@@ -26,6 +26,7 @@ from providers.bootstrap import render
 from providers.models import Instance, LaunchAttempt
 from tests.conftest import moto_server
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real task cluster
+from tests.providers.conftest import assert_provisioning_error
 from tests.providers.ec2_proxy import Ec2Proxy
 from tests.training.conftest import upload_dataset
 from training import tasks
@@ -377,3 +378,63 @@ def test_a_full_vcpu_quota_is_quota_exceeded_before_anything_is_launched(
     assert (second.status, second.error_code) == ("failed", "QUOTA_EXCEEDED")
     assert "L-DB2E81BA allows 4 vCPUs" in second.error_message
     assert len(ec2.calls("RunInstances")) == 1  # the second was never asked of EC2
+
+
+def test_an_image_that_cannot_be_looked_up_is_the_platforms_provisioning_error(
+    ec2, api_client, sft_dataset, ec2_endpoint, settings
+):
+    """Without VERI_AWS_AMI_ID the image is the region's public SSM parameter; when SSM cannot
+    answer it (here moto has no such parameter: ParameterNotFound, as an account without the
+    lookup permission gets AccessDeniedException), no zone is tried and the job does not end as
+    the customer's "no capacity"."""
+    settings.VERI_AWS_AMI_ID = None
+    job = submit_aws(api_client, sft_dataset, max_launch_attempts=3)
+    assert tasks.provision_job(job_id=job.pk) == "provisioning_error"
+    assert_provisioning_error(
+        api_client, job, "aws refused", "ParameterNotFound", "VERI_AWS_AMI_ID", "nothing is billed"
+    )
+    assert ec2.calls("RunInstances") == [] and instances(ec2_endpoint) == []
+    assert list(LaunchAttempt.objects.filter(job=job).values_list("outcome", flat=True)) == [
+        "error"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "status"),
+    [
+        ("AuthFailure", "AWS was not able to validate the provided access credentials", 401),
+        ("UnauthorizedOperation", "You are not authorized to perform this operation.", 403),
+        ("InvalidAMIID.NotFound", "The image id '[ami-0123456789abcdef0]' does not exist", 400),
+        ("InvalidParameterValue", "Value (gp9) for parameter volumeType is invalid.", 400),
+        (
+            "Unsupported",
+            "The instance configuration for this AWS Marketplace product is not supported.",
+            400,
+        ),
+    ],
+)
+def test_ec2_refusals_that_are_not_capacity_end_as_provisioning_error_at_once(
+    ec2, api_client, sft_dataset, ec2_endpoint, code, message, status
+):
+    for zone in ZONES:
+        ec2.refusals[zone] = (code, message, status)
+    job = submit_aws(api_client, sft_dataset, max_launch_attempts=3)
+    tasks.provision_job(job_id=job.pk)
+    assert_provisioning_error(api_client, job, f"{code}: {message}")
+    assert len(ec2.calls("RunInstances")) == 1  # the same answer in every zone: asked once
+
+
+def test_a_type_ec2_does_not_offer_in_a_zone_is_capacity_and_tries_the_next(
+    ec2, api_client, sft_dataset, ec2_endpoint
+):
+    ec2.refusals[ZONES[0]] = (
+        "Unsupported",
+        f"Your requested instance type (g6.xlarge) is not supported in your requested "
+        f"Availability Zone ({ZONES[0]}). Please retry your request by not specifying an "
+        f"Availability Zone or choosing {ZONES[1]}.",
+        400,
+    )
+    job = submit_aws(api_client, sft_dataset)
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    [instance] = instances(ec2_endpoint)
+    assert instance["Placement"]["AvailabilityZone"] == ZONES[1]

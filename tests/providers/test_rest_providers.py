@@ -11,6 +11,7 @@ from django.utils import timezone
 from providers import services as provider_services
 from providers.gcp import GcpProvider
 from providers.models import Instance, LaunchAttempt
+from tests.providers.conftest import assert_provisioning_error
 from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVast
 from tests.training.conftest import drive, upload_dataset, worker_client
 from training import tasks
@@ -305,3 +306,71 @@ def test_gpus_for_gcp_are_the_regions_whose_zones_offer_them(gcp, api_client):
     rows = api_client.get("/v1/gpus", {"provider": "gcp"}).json()["data"]
     by_gpu = {r["gpu_type"]: r["available_regions"] for r in rows}
     assert by_gpu == {"H100-80GB": ["us-east-1"], "A100-80GB": ["us-west-2"]}
+
+
+def test_a_digitalocean_token_refused_is_the_platforms_provisioning_error(
+    digitalocean, api_client, data, settings
+):
+    settings.DIGITALOCEAN_TOKEN = "revoked-token"
+    job = submit(api_client, data, "digitalocean", "H100-80GB")
+    assert_provisioning_error(api_client, job, "HTTP 401", "Unable to authenticate you")
+    assert len(digitalocean.calls("POST", "/v2/droplets")) == 1  # not once per zone
+
+
+def test_a_digitalocean_image_refused_is_provisioning_error_not_capacity(
+    digitalocean, api_client, data
+):
+    digitalocean.refusals["nyc2"] = (
+        422,
+        "unprocessable_entity",
+        "You specified an invalid image for Droplet creation.",
+    )
+    job = submit(api_client, data, "digitalocean", "H100-80GB")
+    assert_provisioning_error(api_client, job, "invalid image for Droplet creation")
+
+
+def test_a_vast_key_refused_is_the_platforms_provisioning_error(vast, api_client, data, settings):
+    vast.add_offer("RTX 4090", 1, "Oregon, US", 0.3)
+    settings.VAST_API_KEY = "revoked-key"
+    job = submit(api_client, data, "vast", "RTX4090-24GB")
+    assert_provisioning_error(api_client, job, "HTTP 401", "Invalid or missing API key")
+
+
+def test_a_vast_rental_refused_for_its_parameters_is_not_a_missing_offer(vast, api_client, data):
+    """Only an offer taken meanwhile (`no_such_ask`) moves on to the next offer; Vast refusing
+    the rental's own parameters would refuse every offer the same way."""
+    for region in ("Oregon, US", "Ohio, US"):
+        vast.add_offer("RTX 4090", 1, region, 0.3)
+    vast.refuse_accept = (
+        400,
+        {"success": False, "error": "invalid_args", "msg": "disk: must be a positive number."},
+    )
+    job = submit(api_client, data, "vast", "RTX4090-24GB")
+    assert_provisioning_error(api_client, job, "invalid_args disk: must be a positive number.")
+    assert len([m for m, _, _ in vast.requests if m == "PUT"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "message"),
+    [
+        (
+            403,
+            "forbidden",
+            "Required 'compute.instances.create' permission for "
+            "'projects/veri-test/zones/us-east4-a/instances/veri-job'",
+        ),
+        (
+            404,
+            "notFound",
+            "The resource 'projects/debian-cloud/global/images/family/no-such-image' was not found",
+        ),
+    ],
+)
+def test_gcp_refusals_that_are_not_quota_or_stockout_are_provisioning_error(
+    gcp, api_client, data, status, reason, message
+):
+    """A 403 is a quota only when it names one; a permission refused is configuration."""
+    gcp.refuse_insert = FakeGcp.error(status, reason, message)
+    job = submit(api_client, data, "gcp", "H100-80GB")
+    assert_provisioning_error(api_client, job, message)
+    assert gcp.vms == {}

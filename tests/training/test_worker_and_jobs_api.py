@@ -133,7 +133,7 @@ def test_full_log_is_the_concatenation_and_survives_the_job(api_client, launched
     worker.post(w(job, "logs"), {"lines": lines[:10]}, format="json")  # an older batch, late
     full = api_client.get(f"/v1/training_jobs/{job.public_id}/logs/full")
     expected = "".join(f"line {i}\n" for i in range(30))
-    assert (full.status_code, full["Content-Type"], full.content.decode()) == (
+    assert (full.status_code, full["Content-Type"], full.getvalue().decode()) == (
         200,
         "text/plain; charset=utf-8",
         expected,
@@ -147,14 +147,13 @@ def test_full_log_is_the_concatenation_and_survives_the_job(api_client, launched
     )
     jobs.close_out_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
     assert get_store().get_bytes(job.log_key).decode() == expected
-    assert (
-        api_client.get(f"/v1/training_jobs/{job.public_id}/logs/full").content.decode() == expected
-    )
+    full = api_client.get(f"/v1/training_jobs/{job.public_id}/logs/full")
+    assert full.getvalue().decode() == expected
 
 
 def test_a_finished_job_without_log_says_so(api_client, launched):
     job, _ = launched
-    assert api_client.get(f"/v1/training_jobs/{job.public_id}/logs/full").content == b""
+    assert api_client.get(f"/v1/training_jobs/{job.public_id}/logs/full").getvalue() == b""
     logs = api_client.get(f"/v1/training_jobs/{job.public_id}/logs").json()
     assert logs == {"lines": [], "next_seq": -1, "finished": False}
     jobs.cancel_job(job=job)

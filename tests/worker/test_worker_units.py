@@ -252,6 +252,29 @@ def test_shipped_batches_stay_under_the_body_limit_and_lines_are_cleaned():
     assert shipped[-1]["text"] == "bin\ufffdary"
 
 
+def test_lines_stop_being_sent_once_the_control_plane_says_the_log_is_full():
+    """`/logs` answers `log_truncated: true` once the job's log reached VERI_MAX_LOG_BYTES: the
+    control plane drops every later line, so the worker stops sending them."""
+    sent = []
+
+    class ControlPlaneWithAFullLog:
+        def call(self, method, path, *, json=None, attempts=1):
+            sent.append((path, json))
+            return {"added": 0, "log_truncated": True} if path == "/logs" else {}
+
+    shipper = Shipper(ControlPlaneWithAFullLog(), heartbeat_interval=3600)
+    for n in range(3):
+        shipper.line(f"line {n}")
+    shipper.metrics(1, {"loss": 0.5})
+    assert shipper.flush()
+    for n in range(3, 10):
+        shipper.line(f"line {n}")
+    shipper.metrics(2, {"loss": 0.4})
+    assert shipper.flush()
+    assert [path for path, _ in sent if path != "/heartbeat"] == ["/logs", "/metrics", "/metrics"]
+    assert shipper.dropped == 7
+
+
 def test_a_dataset_id_that_names_a_local_folder_is_refused(tmp_path, monkeypatch):
     """`datasets.load_dataset` reads a local folder of that name: a worker never does."""
     monkeypatch.chdir(tmp_path)

@@ -95,6 +95,24 @@ def launch_job(*, job_id: int) -> str:
                 type="launch_attempt_failed",
                 detail={"zone": zone, "outcome": outcome, "message": str(exc)},
             )
+            if not isinstance(exc, CapacityError | QuotaError | FundsError):
+                # Refused for a reason that is not capacity (an image that cannot be looked up,
+                # credentials refused, a parameter rejected): the deployment's configuration,
+                # the same in every zone, so it ends here as the platform's fault, in the
+                # provider's own words; never "no capacity", which would blame the customer.
+                if moved := _restart_elsewhere(job):
+                    return moved
+                jobs.fail_job(
+                    job_id=job.pk,
+                    code="provisioning_error",
+                    message=(
+                        f"{job.provider} refused to launch the machine: "
+                        f"{str(exc).rstrip('. ')}. This is Veri's "
+                        "configuration, not your job: nothing booted and nothing is billed. "
+                        f"Retry later, {_alternative(job, job.provider)}"
+                    ),
+                )
+                return "provisioning_error"
             if isinstance(exc, QuotaError | FundsError):
                 code = "QUOTA_EXCEEDED" if isinstance(exc, QuotaError) else "PROVIDER_OUT_OF_FUNDS"
                 what = (

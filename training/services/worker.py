@@ -4,6 +4,8 @@ import hashlib
 import hmac
 import re
 import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -39,25 +41,77 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def mint_job_token(*, job: TrainingJob) -> str:
-    """A fresh token for the job's worker (a relaunch replaces the old one)."""
+def _new_token(job: TrainingJob, now) -> tuple[str, JobToken]:
     token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
-    JobToken.objects.update_or_create(job=job, defaults={"token_hash": _hash(token)})
-    return token
+    lifetime = timedelta(seconds=settings.VERI_JOB_TOKEN_TTL_SECONDS)
+    row = JobToken.objects.create(job=job, token_hash=_hash(token), expires_at=now + lifetime)
+    return token, row
 
 
-def authenticate_job_token(*, raw: str) -> TrainingJob | None:
-    """The job a live token belongs to; None when unknown, or when the job has finished."""
+@transaction.atomic
+def mint_job_token(*, job: TrainingJob) -> str:
+    """A fresh token for the job's worker, valid for VERI_JOB_TOKEN_TTL_SECONDS; every earlier
+    token of the job dies at once (a relaunch supersedes the last run's worker). The job's row
+    lock orders this with a renewal in flight, which could otherwise add a token after the
+    delete."""
+    TrainingJob.objects.select_for_update().filter(pk=job.pk).first()
+    JobToken.objects.filter(job=job).delete()
+    return _new_token(job, timezone.now())[0]
+
+
+def _live_token(raw: str, now) -> JobToken | None:
     if not raw.startswith(TOKEN_PREFIX):
         return None
     row = (
         JobToken.objects.select_related("job", "job__workspace")
-        .filter(token_hash=_hash(raw))
+        .filter(token_hash=_hash(raw), expires_at__gt=now)
         .first()
     )
     if row is None or not hmac.compare_digest(row.token_hash, _hash(raw)) or row.job.is_terminal:
         return None
-    return row.job
+    return row
+
+
+def authenticate_job_token(*, raw: str) -> TrainingJob | None:
+    """The job a live token belongs to; None when unknown, expired, replaced (by a relaunch,
+    or by its renewal once the overlap has passed), or when the job has finished."""
+    row = _live_token(raw, timezone.now())
+    return row.job if row else None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewedToken:
+    token: str
+    expires_at: datetime
+    renew_after_seconds: int
+
+
+def renew_job_token(*, raw: str) -> RenewedToken | None:
+    """The runner's token renewal, while its job lives: a fresh token for the full lifetime. The
+    token it renewed with keeps working for VERI_JOB_TOKEN_OVERLAP_SECONDS more (requests
+    already sent with it), never longer than it had; any other token of the job dies, so a
+    renewal whose answer was lost can be asked again with the same token. None when `raw` is
+    not live (the job ended, was cancelled or relaunched, or the token expired)."""
+    now = timezone.now()
+    with transaction.atomic():
+        row = _live_token(raw, now)
+        if row is None:
+            return None
+        # The job's row lock: a restart or a relaunch deleting the job's tokens meanwhile
+        # either sees the token made here or makes this renewal find its token gone.
+        job = TrainingJob.objects.select_for_update().get(pk=row.job_id)
+        row = JobToken.objects.filter(pk=row.pk, expires_at__gt=now).first()
+        if row is None or job.is_terminal:
+            return None
+        JobToken.objects.filter(job=job).exclude(pk=row.pk).delete()
+        overlap = now + timedelta(seconds=settings.VERI_JOB_TOKEN_OVERLAP_SECONDS)
+        JobToken.objects.filter(pk=row.pk).update(expires_at=min(row.expires_at, overlap))
+        token, fresh = _new_token(job, now)
+    return RenewedToken(
+        token=token,
+        expires_at=fresh.expires_at,
+        renew_after_seconds=max(1, settings.VERI_JOB_TOKEN_TTL_SECONDS // 2),
+    )
 
 
 def register(*, job: TrainingJob, info: dict) -> TrainingJob:

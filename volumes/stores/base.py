@@ -74,6 +74,27 @@ class ObjectStore:
     def iter_objects(self, prefix: str) -> Iterator[StoredObject]: ...
     def open(self, key: str): ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
+        """Store the concatenation of `chunks` as one object without holding it in memory (at
+        most one upload part of it, on S3); returns its size. Nothing is stored when `chunks`
+        raises."""
+        ...
+
+    def iter_bytes(self, key: str, *, chunk_size: int = HASH_CHUNK) -> Iterator[bytes]:
+        """The object's bytes, `chunk_size` at a time. The object is opened now (StoreError when
+        there is none), read as the iterator is consumed, and closed when it ends or is closed."""
+        stream = self.open(key)
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                while chunk := stream.read(chunk_size):
+                    yield chunk
+            finally:
+                stream.close()
+
+        return chunks()
+
     def delete(self, keys: Iterable[str]) -> None: ...
 
     def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:

@@ -111,7 +111,7 @@ class LocalStore(ObjectStore):
         self, key: str, *, upload_id: str, number: int, stream, content_md5: str | None = None
     ) -> str:
         folder = self._upload_folder(key, upload_id)
-        return self._write(folder / f"{number:05d}.part", stream, content_md5=content_md5)
+        return self._write(folder / f"{number:05d}.part", _chunks(stream), content_md5=content_md5)
 
     def complete_multipart(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> None:
         folder = self._upload_folder(key, upload_id)
@@ -127,9 +127,9 @@ class LocalStore(ObjectStore):
         def joined():
             for path in paths:
                 with path.open("rb") as part:
-                    yield from iter(lambda: part.read(HASH_CHUNK), b"")
+                    yield from _chunks(part)
 
-        self._write(self._path(key), _IterStream(joined()))
+        self._write(self._path(key), joined())
         shutil.rmtree(folder, ignore_errors=True)
 
     def abort_multipart(self, key: str, *, upload_id: str) -> None:
@@ -174,7 +174,20 @@ class LocalStore(ObjectStore):
             raise StoreError(f"{key}: no such object") from None
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._write(self._path(key), _IterStream(iter([data])))
+        self._write(self._path(key), [data])
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
+        path = self._path(key)
+        size = 0
+
+        def counted():
+            nonlocal size
+            for chunk in chunks:
+                size += len(chunk)
+                yield chunk
+
+        self._write(path, counted())
+        return size
 
     def write(
         self,
@@ -189,7 +202,7 @@ class LocalStore(ObjectStore):
         if create_only and path.exists():  # refused before a byte is read; the link decides
             raise ObjectExists(f"{key} is already stored")
         return self._write(
-            path, stream, sha256=sha256, content_md5=content_md5, create_only=create_only
+            path, _chunks(stream), sha256=sha256, content_md5=content_md5, create_only=create_only
         )
 
     def delete(self, keys: Iterable[str]) -> None:
@@ -208,22 +221,23 @@ class LocalStore(ObjectStore):
     @staticmethod
     def _write(
         path: Path,
-        stream,
+        chunks: Iterable[bytes],
         *,
         sha256: str | None = None,
         content_md5: str | None = None,
         create_only: bool = False,
     ) -> str:
-        """Write atomically; returns the MD5 hex digest (the ETag S3 would give). Like S3, refuses
-        (`BadDigest`) a body that does not match the SHA-256 or Content-MD5 it was sent with, and
-        with `create_only` (`ObjectExists`) a path already there, even when two writes race: a
-        hard link, unlike a rename, never replaces its target."""
+        """Write `chunks` atomically, one at a time; returns the MD5 hex digest (the ETag S3
+        would give). Like S3, refuses (`BadDigest`) a body that does not match the SHA-256 or
+        Content-MD5 it was sent with, and with `create_only` (`ObjectExists`) a path already
+        there, even when two writes race: a hard link, unlike a rename, never replaces its
+        target."""
         path.parent.mkdir(parents=True, exist_ok=True)
         md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as out:
-                while chunk := stream.read(HASH_CHUNK):
+                for chunk in chunks:
                     md5.update(chunk)
                     sha.update(chunk)
                     out.write(chunk)
@@ -245,23 +259,10 @@ class LocalStore(ObjectStore):
         return md5.hexdigest()
 
 
-class _IterStream:
-    """A `read(n)` stream over an iterator of byte chunks."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self.chunks, self.buffer = chunks, b""
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self.buffer) < size:
-            chunk = next(self.chunks, None)
-            if chunk is None:
-                break
-            self.buffer += chunk
-        if size < 0:
-            data, self.buffer = self.buffer, b""
-        else:
-            data, self.buffer = self.buffer[:size], self.buffer[size:]
-        return data
+def _chunks(stream) -> Iterator[bytes]:
+    """A readable stream as chunks of at most HASH_CHUNK bytes."""
+    while chunk := stream.read(HASH_CHUNK):
+        yield chunk
 
 
 def _md5_file(path: Path) -> str:

@@ -26,6 +26,9 @@ from volumes.stores.base import (
 )
 from volumes.stores.keys import check_key
 
+# The part size of a streamed upload (`put_stream`): S3's smallest part but the last.
+STREAM_PART_BYTES = 5 * 1024 * 1024
+
 
 class S3Store(ObjectStore):
     def __init__(self, bucket: str, root: str = "", *, endpoint_url: str | None = None):
@@ -145,6 +148,45 @@ class S3Store(ObjectStore):
     def put_bytes(self, key: str, data: bytes) -> None:
         with _reaching():
             self.client.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data)
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
+        """One PUT when it all fits in a part; else a multipart upload, a part as soon as
+        STREAM_PART_BYTES have gathered (S3's smallest part but the last is 5 MiB), so that at
+        most about one part is in memory. An upload that fails is aborted."""
+        full, buffer, parts, size, upload_id = self.full_key(key), bytearray(), [], 0, None
+        try:
+            for chunk in chunks:
+                buffer += chunk
+                size += len(chunk)
+                if len(buffer) >= STREAM_PART_BYTES:
+                    if upload_id is None:
+                        upload_id = self.client.create_multipart_upload(
+                            Bucket=self.bucket, Key=full
+                        )["UploadId"]
+                    parts.append(self._upload_part(full, upload_id, len(parts) + 1, buffer))
+                    buffer = bytearray()
+            if upload_id is None:
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=buffer)
+                return size
+            if buffer:
+                parts.append(self._upload_part(full, upload_id, len(parts) + 1, buffer))
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=full,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except BaseException:
+            if upload_id is not None:
+                self.abort_multipart(key, upload_id=upload_id)
+            raise
+        return size
+
+    def _upload_part(self, full: str, upload_id: str, number: int, body: bytearray) -> dict:
+        answer = self.client.upload_part(
+            Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+        )
+        return {"PartNumber": number, "ETag": answer["ETag"]}
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)

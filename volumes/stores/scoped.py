@@ -68,6 +68,12 @@ class ScopedStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         self.store.put_bytes(self._key(key), data)
 
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
+        return self.store.put_stream(self._key(key), chunks)
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        return self.store.iter_bytes(self._key(key))
+
     def delete(self, keys: Iterable[str]) -> None:
         self.store.delete([self._key(key) for key in keys])
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('training', '0011_watchdog_resumed_at'),
+        ('training', '0013_log_bytes'),
     ]
 
     operations = [
