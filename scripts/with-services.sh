@@ -21,6 +21,11 @@ if ! command -v redis-server >/dev/null; then  # the production topology's task 
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
 
+if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then  # the worker's sandbox, as root
+  echo "Installing bubblewrap (apt-get)…" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+fi
+
 if [ ! -x /usr/bin/chromium ]; then  # the browser tests drive Debian's Chromium with Playwright
   echo "Installing Chromium (apt-get)…" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -170,6 +170,10 @@ def test_every_worker_reported_code_fails_the_job_with_its_attribution(submit, c
     worker = worker_client(job)
     worker.post(w(job, "register"), {}, format="json")
     worker.post(w(job, "status"), {"status": "running"}, format="json")
+    # From the phase whose runner check finds it (a platform fault), or any (the customer's).
+    phase = sorted(errors.PLATFORM_FAULT_PHASES.get(code, {"training"}))[0]
+    if phase != "sync":
+        assert worker.post(w(job, "phase"), {"phase": phase}, format="json").status_code == 200
     response = worker.post(
         w(job, "complete"),
         {"ok": False, "error_code": code, "message": f"{code} happened"},
@@ -183,6 +187,49 @@ def test_every_worker_reported_code_fails_the_job_with_its_attribution(submit, c
         errors.get(code).attribution,
     )
     assert JobEvent.objects.get(job=job, type="failed").detail["code"] == code
+
+
+OUT_OF_PHASE = [
+    (code, phase)
+    for code, believed_in in errors.PLATFORM_FAULT_PHASES.items()
+    for phase in errors.PHASES
+    if phase not in believed_in
+]
+
+
+@pytest.mark.parametrize("code, phase", OUT_OF_PHASE)
+def test_a_platform_fault_from_the_wrong_phase_is_the_jobs_own_error(submit, code, phase):
+    """Customer code runs in the training phase: a platform code reported from a phase whose
+    runner checks cannot find it is refused, recorded, and the job fails as its own error:
+    charged, no refund, no restart."""
+    job = submit()  # auto_resume on: a believed hardware_error would restart it
+    tasks.provision_job(job_id=job.pk)
+    worker = worker_client(job)
+    worker.post(w(job, "register"), {}, format="json")
+    for step in errors.PHASES[1 : errors.PHASES.index(phase) + 1]:
+        assert worker.post(w(job, "phase"), {"phase": step}, format="json").status_code == 200
+    response = worker.post(
+        w(job, "complete"),
+        {"ok": False, "error_code": code, "message": "the platform broke, honest"},
+        format="json",
+    )
+    assert response.json()["status"] == "failed"
+    job.refresh_from_db()
+    assert (job.error_code, job.error_attribution, job.attempt) == ("training_error", "customer", 1)
+    assert code in job.error_message and "the platform broke, honest" in job.error_message
+    refused = JobEvent.objects.get(job=job, type="fault_refused").detail
+    assert (refused["code"], refused["phase"]) == (code, phase)
+    assert not hasattr(job, "refund") or job.refund is None
+
+
+def test_phases_only_go_forward(launched):
+    job, worker = launched
+    worker.post(w(job, "register"), {}, format="json")
+    assert worker.post(w(job, "phase"), {"phase": "training"}, format="json").status_code == 200
+    assert_error(
+        worker.post(w(job, "phase"), {"phase": "sync"}, format="json"), 409, "invalid_phase"
+    )
+    assert TrainingJob.objects.get(pk=job.pk).worker_phase == "training"
 
 
 def test_workers_cannot_report_control_plane_codes_or_other_moves(launched):
