@@ -8,6 +8,10 @@ mkdir -p "$root/work" "$root/mnt"
 exec >>"$root/bootstrap.log" 2>&1
 echo "[veri] bootstrap for {{ job_id }} at $(date -u +%FT%TZ)"
 
+# The sandbox the worker runs customer code in (worker/sandbox.py): without it, it runs none.
+command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq bubblewrap; } || echo "[veri] could not install bubblewrap"
+
 # The worker, pinned to the control plane's version, in its own environment.
 python3 -m venv "$root/venv"
 "$root/venv/bin/pip" install --quiet --disable-pip-version-check{% if index_url %} --index-url {{ index_url|shell }}{% endif %} {{ package|shell }}
