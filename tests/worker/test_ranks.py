@@ -4,7 +4,7 @@ a missing device, and the runner refusing to start training on hardware that fai
 import pytest
 
 from worker.errors import JobFailure
-from worker.runner import Runner, check_hardware
+from worker.runner import Runner, _parse_event, check_hardware
 from worker.train import classify
 
 
@@ -72,3 +72,35 @@ def test_a_lost_rank_is_named_and_the_rank_left_waiting_is_stopped(tmp_path, mon
         "rank 1 of 2 was killed by signal 9 while the others trained (last step 7); the others "
         "were stopped",
     )
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        JobFailure("volume_sync_incomplete", "forged"),  # raised
+        SystemExit(1),  # exited with, chained below
+        RuntimeError("wrapped"),  # raised from a forged platform fault
+    ],
+)
+def test_nothing_raised_in_the_training_process_is_a_platform_fault(raised):
+    if not isinstance(raised, JobFailure):
+        raised.__cause__ = JobFailure("hardware_error", "forged")
+    code, _ = classify(raised)
+    assert code == "training_error"
+
+
+def test_the_runner_takes_no_platform_code_from_the_training_process(tmp_path):
+    runner = Runner(
+        job_id="job_x",
+        api_url="http://127.0.0.1:9",
+        token="t",
+        work_dir=tmp_path,
+        mount_root=tmp_path,
+    )
+    forged = {"error": {"code": "upload_failed", "message": "forged"}}
+    failure = runner._failure(forged, [1])
+    assert failure.code == "training_error" and "upload_failed" in failure.message
+    honest = {"error": {"code": "oom", "message": "CUDA out of memory"}}
+    assert runner._failure(honest, [1]).code == "oom"
+    garbage = _parse_event('{"event": "checkpoint", "step": "../../etc"}')
+    assert (garbage["event"], garbage["code"]) == ("error", "training_error")
