@@ -14,6 +14,7 @@ code from itself: such a machine serves one tenant (the README says so).
 
 import contextlib
 import hashlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -112,6 +113,16 @@ def prepare_home(home: Path, uid: int | None) -> None:
     home.chmod(0o700)
 
 
+def _packages() -> list[Path]:
+    """The folders of the packages customer code may import from Veri: the worker, and the SDK
+    (its `@reward_function`), wherever they are installed (a checkout, for an editable install)."""
+    found = [Path(worker.__file__).parent]
+    sdk = importlib.util.find_spec("veri_sdk")
+    if sdk and sdk.origin:
+        found.append(Path(sdk.origin).parent)
+    return found
+
+
 def _inside(path: Path, folders: list[Path]) -> bool:
     return any(path == folder or folder in path.parents for folder in folders)
 
@@ -121,7 +132,7 @@ def bwrap_command(
 ) -> list[str]:
     """`argv` in the sandbox as `uid`, with `readable` folders read-only and `home` writable."""
     shared = [Path(p) for p in SYSTEM_DIRS if os.path.isdir(p)]
-    python = [Path(sys.base_prefix), Path(sys.prefix), Path(worker.__file__).parent]
+    python = [Path(sys.base_prefix), Path(sys.prefix), *_packages()]
     read_only = sorted(
         {p.resolve() for p in [*python, *readable] if not _inside(p.resolve(), shared)},
         key=lambda p: len(p.parts),

@@ -96,9 +96,13 @@ def test_customer_faults_never_restart(submit, cloud, code):
 
 def test_a_worker_reported_hardware_error_restarts_and_auto_resume_off_does_not(submit, cloud):
     job, worker = running(submit)
+    # Found by the runner's check after the training ended (the only phase it is believed from
+    # once the training ran).
+    worker.post(w(job, "phase"), {"phase": "finishing"}, format="json")
     worker.post(w(job, "complete"), {"ok": False, "error_code": "hardware_error"}, format="json")
     assert TrainingJob.objects.get(pk=job.pk).status == S.QUEUED
     off, worker = running(submit, auto_resume=False)
+    worker.post(w(off, "phase"), {"phase": "finishing"}, format="json")
     worker.post(w(off, "complete"), {"ok": False, "error_code": "hardware_error"}, format="json")
     assert TrainingJob.objects.get(pk=off.pk).error_code == "hardware_error"
 
