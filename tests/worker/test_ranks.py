@@ -20,14 +20,19 @@ def test_missing_gpus_fail_the_check_on_every_rank():
     )
 
 
-def test_a_failed_check_is_a_hardware_error_before_any_customer_code(tmp_path):
-    runner = Runner(
+def offline_runner(tmp_path) -> Runner:
+    """A runner whose control plane is unreachable (nothing here may call it)."""
+    return Runner(
         job_id="job_x",
         api_url="http://127.0.0.1:9",
         token="t",
         work_dir=tmp_path,
         mount_root=tmp_path,
     )
+
+
+def test_a_failed_check_is_a_hardware_error_before_any_customer_code(tmp_path):
+    runner = offline_runner(tmp_path)
     phases = []
     runner.enter_phase = phases.append  # what the control plane would be told
     job = {"gpu_type": "L4-24GB", "gpu_count": 2, "reward_source": "raise SystemExit(3)"}
@@ -90,13 +95,7 @@ def test_nothing_raised_in_the_training_process_is_a_platform_fault(raised):
 
 
 def test_the_runner_takes_no_platform_code_from_the_training_process(tmp_path):
-    runner = Runner(
-        job_id="job_x",
-        api_url="http://127.0.0.1:9",
-        token="t",
-        work_dir=tmp_path,
-        mount_root=tmp_path,
-    )
+    runner = offline_runner(tmp_path)
     forged = {"error": {"code": "upload_failed", "message": "forged"}}
     failure = runner._failure(forged, [1])
     assert failure.code == "training_error" and "upload_failed" in failure.message
