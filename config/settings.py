@@ -269,9 +269,15 @@ VERI_GCP_IMAGE = env("VERI_GCP_IMAGE") or (
 )
 VERI_GCP_DISK_GB = int(env("VERI_GCP_DISK_GB", "200"))
 VERI_GCP_MAX_GPUS = int(env("VERI_GCP_MAX_GPUS", "1"))  # Flex-start's GPUs at once
-# What a rented machine installs to run the worker (unset: this version of Veri) and from where.
+# A rented machine installs the worker this control plane serves (providers/worker_dist.py) into
+# a Python of this version, with the wheelhouse stored for it. Optional mirror overrides: a
+# package to install instead (VERI_WORKER_PACKAGE, e.g. `veri[worker]==0.1.0`) and the index to
+# take it, or the dependencies when no wheelhouse can be fetched, from (VERI_WORKER_INDEX_URL);
+# VERI_WORKER_PYTHON_MIRROR: where uv downloads a Python when the image has none of that version.
+VERI_WORKER_PYTHON = env("VERI_WORKER_PYTHON") or "3.11"
 VERI_WORKER_PACKAGE = env("VERI_WORKER_PACKAGE")
 VERI_WORKER_INDEX_URL = env("VERI_WORKER_INDEX_URL")
+VERI_WORKER_PYTHON_MIRROR = env("VERI_WORKER_PYTHON_MIRROR")
 VERI_LOCAL_PRICE_PER_HOUR = env("VERI_LOCAL_PRICE_PER_HOUR", "0.10")
 VERI_LOCAL_SLOTS = int(env("VERI_LOCAL_SLOTS", "1"))
 VERI_LOCAL_INSTANCES_DIR = env("VERI_LOCAL_INSTANCES_DIR") or str(STATE_DIR / "instances")

@@ -1,8 +1,8 @@
-"""The first-boot script of a rented machine: install the worker pinned to this control plane's
-version and run one job with its job token. One template for every cloud provider."""
+"""The first-boot script of a rented machine: fetch the installer, the worker and its wheelhouse
+from this control plane, install them into a Python of the worker's version, and run one job with
+its job token. One template for every cloud provider."""
 
 import shlex
-from importlib.metadata import PackageNotFoundError, version
 
 from django.conf import settings
 from django.template import Context, Engine, Library
@@ -17,16 +17,6 @@ ENGINE = Engine(
 SELF_STOP_MINUTES = 10
 
 
-def worker_package() -> str:
-    """What pip installs on the machine: VERI_WORKER_PACKAGE, else this version of Veri."""
-    if settings.VERI_WORKER_PACKAGE:
-        return settings.VERI_WORKER_PACKAGE
-    try:
-        return f"veri[worker]=={version('veri')}"
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "veri[worker]"
-
-
 def render(spec: LaunchSpec) -> str:
     env = sorted(spec.env.items())
     names = [name for name, _ in env]
@@ -37,8 +27,7 @@ def render(spec: LaunchSpec) -> str:
                 "job_id": spec.job_id,
                 "api_url": spec.api_url,
                 "env": env,
-                "package": worker_package(),
-                "index_url": settings.VERI_WORKER_INDEX_URL,
+                "python_mirror": settings.VERI_WORKER_PYTHON_MIRROR,
                 "self_stop_minutes": SELF_STOP_MINUTES,
             },
             autoescape=False,  # a shell script: values are quoted with `shell`, not for HTML

@@ -249,6 +249,9 @@ PHASES = ("sync", "hardware", "training", "finishing")
 # Customer code runs in the training phase, so none of them is believed from there; every
 # other code a worker reports (the customer's, or `pending` ones) is believed in any phase.
 PLATFORM_FAULT_PHASES = {
+    # "": the machine's bootstrap, before the worker registered; "hardware": torch cannot use
+    # the GPUs the driver reports.
+    "provisioning_error": {"", "hardware"},
     "volume_sync_incomplete": {"sync"},
     "hardware_error": {"hardware", "finishing"},
     "upload_failed": {"finishing"},
@@ -266,7 +269,6 @@ CONTROL_PLANE_CODES = {
     "QUOTA_EXCEEDED",
     "PROVIDER_OUT_OF_FUNDS",
     "launch_timeout",
-    "provisioning_error",
     "provisioning_timeout",
     "configuring_timeout",
     "heartbeat_timeout",

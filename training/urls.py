@@ -16,6 +16,7 @@ urlpatterns = [
     path("training_jobs/<str:job_id>/metrics", api.MetricsView.as_view()),
     path("training_jobs/<str:job_id>/checkpoints", api.CheckpointsView.as_view()),
     path("training_jobs/<str:job_id>/samples", api.SamplesView.as_view()),
+    path("worker/jobs/<str:job_id>/bootstrap", worker_api.WorkerBootstrapView.as_view()),
     path("worker/jobs/<str:job_id>/register", worker_api.WorkerRegisterView.as_view()),
     path("worker/jobs/<str:job_id>/spec", worker_api.WorkerSpecView.as_view()),
     path("worker/jobs/<str:job_id>/status", worker_api.WorkerStatusView.as_view()),

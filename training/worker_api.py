@@ -5,6 +5,8 @@ Everything a worker sends is hostile input: every body goes through a serializer
 
 import re
 
+from django.conf import settings
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -16,6 +18,7 @@ from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from providers import worker_dist
 from training.models import MAX_SEQ, TrainingJob
 from training.services import logs as log_services
 from training.services import worker as worker_services
@@ -132,10 +135,52 @@ def _ok(job: TrainingJob, **extra) -> Response:
     return Response({"status": job.status, **extra})
 
 
+class BootstrapIn(serializers.Serializer):
+    backend = serializers.CharField(max_length=20, help_text="the torch build installed")
+    source = serializers.ChoiceField(
+        choices=["wheelhouse", "index"], help_text="where the dependencies came from"
+    )
+    fetch_seconds = serializers.FloatField(min_value=0, max_value=86_400)
+    python_seconds = serializers.FloatField(min_value=0, max_value=86_400)
+    install_seconds = serializers.FloatField(min_value=0, max_value=86_400)
+
+
+class WorkerBootstrapView(WorkerView):
+    class WorkerBootstrapIn(serializers.Serializer):
+        cuda = serializers.RegexField(
+            r"^(\d{1,3}\.\d{1,3})?$",
+            required=False,
+            default="",
+            help_text="the CUDA version the machine's driver supports, as `nvidia-smi` prints "
+            "it; empty without a GPU",
+        )
+
+    @extend_schema(
+        parameters=[WorkerBootstrapIn],
+        responses={200: OpenApiTypes.STR},
+        summary="What the machine's bootstrap installs",
+        description="Plain text, one instruction a line: `python VERSION`, `backend NAME` (the "
+        "torch build of the stored wheelhouse chosen for this driver, `none` without one), "
+        "optionally `index URL` and `package SPEC` (the operator's overrides), then `file KIND "
+        "SHA256 NAME URL` for the `uv` installer, the `worker` wheel of this control plane's "
+        "code and each `wheel` of the wheelhouse, with URLs signed for VERI_PRESIGN_TTL_SECONDS.",
+    )
+    def get(self, request: Request, job_id: str) -> HttpResponse:
+        cuda = self.validated(self.WorkerBootstrapIn, request.query_params)["cuda"]
+        text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
+        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+
+
 class WorkerRegisterView(WorkerView):
     class WorkerRegisterIn(serializers.Serializer):
         hostname = serializers.CharField(required=False, allow_blank=True, max_length=255)
         python = serializers.CharField(required=False, allow_blank=True, max_length=50)
+        build = serializers.CharField(
+            max_length=64, help_text="the worker's build id (worker/build.py)"
+        )
+        bootstrap = BootstrapIn(
+            required=False, help_text="how the machine's bootstrap installed the worker"
+        )
 
     @extend_schema(request=WorkerRegisterIn, responses={200: Ack})
     def post(self, request: Request, job_id: str) -> Response:

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from worker import outputs, sandbox
+from worker.build import build_id
 from worker.client import ControlPlane, ControlPlaneError, Shipper
 from worker.errors import TRAINING_CODES, JobFailure
 from worker.preemption import Notice, PreemptionWatch, notice_source
@@ -85,8 +86,9 @@ def _keep_tail(rank: subprocess.Popen, tail: deque) -> None:
         tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
 
-def check_hardware(device: str, world: int) -> str | None:
-    """Run worker.hardware on every rank (no customer code); the first problem found, or None."""
+def check_hardware(device: str, world: int) -> JobFailure | None:
+    """Run worker.hardware on every rank (no customer code): None when every rank passed, else
+    the failure, `hardware_error` or (torch cannot use the GPUs there) `provisioning_error`."""
     port = _free_port()
     checks = [
         subprocess.Popen(
@@ -98,7 +100,7 @@ def check_hardware(device: str, world: int) -> str | None:
         )
         for rank in range(world)
     ]
-    problems = []
+    problems, code = [], "hardware_error"
     for rank, check in enumerate(checks):
         try:
             output, _ = check.communicate(timeout=HARDWARE_CHECK_SECONDS)
@@ -111,7 +113,9 @@ def check_hardware(device: str, world: int) -> str | None:
             problems.append(f"rank {rank}'s check ended without a result: {output[-300:]!r}")
         elif not result["ok"]:
             problems.append(f"rank {rank}: {result['problem']}")
-    return "; ".join(problems) or None
+            if result.get("code") == "provisioning_error":
+                code = "provisioning_error"
+    return JobFailure(code, "; ".join(problems)) if problems else None
 
 
 def _last_json(output: str) -> dict | None:
@@ -188,11 +192,7 @@ class Runner:
 
     def run(self) -> int:
         try:
-            self.api.call(
-                "POST",
-                "/register",
-                json={"hostname": platform.node(), "python": platform.python_version()},
-            )
+            self.api.call("POST", "/register", json=registration())
             spec = self.api.call("GET", "/spec")
             self.shipper = Shipper(
                 self.api,
@@ -361,8 +361,8 @@ class Runner:
         if problem := sandbox.missing_sandbox():
             raise JobFailure("hardware_error", f"this machine cannot run the job: {problem}")
         if checked:
-            if problem := check_hardware(device, world):
-                raise JobFailure("hardware_error", f"the hardware check failed: {problem}")
+            if found := check_hardware(device, world):
+                raise JobFailure(found.code, f"the hardware check failed: {found.message}")
             self.say(f"[veri] hardware check passed: {world} {device} rank(s), devices and link")
         read_fd, write_fd = os.pipe()
         port = _free_port()
@@ -400,10 +400,10 @@ class Runner:
                 self.say(f"[veri] the last lines of rank {rank}:")
                 for line in tails[rank]:
                     self.say(f"[rank {rank}] {line}")
-            if checked and (problem := check_hardware(device, world)):
+            if checked and (found := check_hardware(device, world)):
                 raise JobFailure(
                     "hardware_error",
-                    f"{failure.message}; then the hardware check failed: {problem}",
+                    f"{failure.message}; then the hardware check failed: {found.message}",
                 )
             raise failure
         job["final_step"] = outcome.get("finished", {}).get("step", 0)
@@ -632,6 +632,16 @@ class Runner:
         final = Path(job["final_dir"])
         (final / "training_args.bin").unlink(missing_ok=True)  # a pickle; not part of the model
         self.upload_checkpoint(("final",), job["final_step"], "final", final=True)
+
+
+def registration() -> dict:
+    """What the worker tells the control plane when it comes up: its build (refused unless it
+    is the control plane's own) and how the machine's bootstrap installed it (VERI_BOOTSTRAP,
+    `key=value` pairs, set by providers/templates/providers/bootstrap.sh)."""
+    info = {"hostname": platform.node(), "python": platform.python_version(), "build": build_id()}
+    if report := os.environ.get("VERI_BOOTSTRAP"):
+        info["bootstrap"] = dict(pair.partition("=")[::2] for pair in report.split())
+    return info
 
 
 def run(*, job_id: str, api_url: str) -> int:

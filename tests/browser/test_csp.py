@@ -13,6 +13,7 @@ from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Ch
 from tests.dashboard.conftest import member_of
 from tests.training.conftest import worker_client
 from training import tasks
+from worker.runner import registration
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -62,7 +63,7 @@ def test_the_dashboards_live_job_page_works_under_the_policy(
     job = submit()
     tasks.provision_job(job_id=job.pk)
     worker = worker_client(job)
-    worker.post(w(job, "register"), {"hostname": "gpu-1"}, format="json")
+    worker.post(w(job, "register"), registration() | {"hostname": "gpu-1"}, format="json")
     worker.post(w(job, "status"), {"status": "running"}, format="json")
     lines = [{"seq": i, "text": f"step {i} loss 0.{i}"} for i in range(40)]
     worker.post(w(job, "logs"), {"lines": lines[:20]}, format="json")

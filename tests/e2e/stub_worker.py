@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from worker.runner import registration
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -23,7 +25,7 @@ def main() -> None:
         headers={"Authorization": f"Bearer {os.environ['VERI_JOB_TOKEN']}"},
     )
     print("stub worker starting", flush=True)
-    api.post("/register", json={"hostname": "stub"}).raise_for_status()
+    api.post("/register", json=registration() | {"hostname": "stub"}).raise_for_status()
     spec = api.get("/spec").raise_for_status().json()
     api.post("/status", json={"status": "running"}).raise_for_status()
     for step in range(1, 4):

@@ -4,74 +4,25 @@ instances with the worker's bootstrap, move to the next zone when one has no cap
 the catalog's codes, terminate exactly once, and the sweeper ends machines no live job owns."""
 
 import base64
-import json
 import os
 import subprocess
 import sys
 import time
-import zipfile
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 
-import boto3
-import httpx
 import pytest
 
 from providers import services as provider_services
-from providers.aws import DEPLOYMENT_TAG, JOB_TAG, AwsProvider
-from providers.base import LaunchSpec
-from providers.bootstrap import render
+from providers.aws import DEPLOYMENT_TAG, JOB_TAG
 from providers.models import Instance, LaunchAttempt
-from tests.conftest import moto_server
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real task cluster
-from tests.providers.conftest import assert_provisioning_error
-from tests.providers.ec2_proxy import Ec2Proxy
+from tests.providers.conftest import ZONES, assert_provisioning_error, ec2_client, instances
 from tests.training.conftest import upload_dataset
 from training import tasks
 from training.models import TrainingJob
 from veri.services import deployment_id
 
 pytestmark = pytest.mark.django_db
-ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
-
-
-@pytest.fixture(scope="module")
-def ec2_endpoint():
-    """EC2 on a moto server of its own: each test resets it, which on the shared S3 server would
-    also wipe the buckets of tests running beside these on another xdist worker."""
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture
-def ec2(ec2_endpoint, settings):
-    """EC2 (moto, reset) behind the refusing proxy; the `aws` provider offered and usable."""
-    httpx.post(f"{ec2_endpoint}/moto-api/reset")
-    proxy = Ec2Proxy(ec2_endpoint)
-    settings.AWS_ENDPOINT_URL = proxy.url
-    settings.VERI_AWS_AMI_ID = "ami-0123456789abcdef0"
-    settings.VERI_PROVIDER_ADAPTERS = {
-        "local": "providers.local.LocalProvider",
-        "aws": "providers.aws.AwsProvider",
-    }
-    AwsProvider.client.cache_clear()
-    provider_services._adapter.cache_clear()
-    provider_services._availability.clear()
-    yield proxy
-    proxy.close()
-    AwsProvider.client.cache_clear()
-    provider_services._adapter.cache_clear()
-
-
-def ec2_client(endpoint: str):
-    return boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
-
-
-def instances(endpoint: str) -> list[dict]:
-    answer = ec2_client(endpoint).describe_instances()
-    return [i for r in answer["Reservations"] for i in r["Instances"]]
 
 
 def submit_aws(api_client, dataset, **fields) -> TrainingJob:
@@ -109,7 +60,7 @@ def test_a_job_launches_a_tagged_instance_with_the_bootstrap_and_cancel_terminat
         InstanceId=instance["InstanceId"], Attribute="userData"
     )["UserData"]["Value"]
     script = base64.b64decode(user_data).decode()
-    assert f"-m worker run --job {job.public_id} --api http://" in script
+    assert f"\njob={job.public_id}\n" in script and "\napi=http://" in script
     assert "VERI_JOB_TOKEN=" in script and api_client.raw_key not in script
     recorded = Instance.objects.get(job=job)
     assert recorded.external_id == f"us-east-1/{instance['InstanceId']}"
@@ -254,85 +205,6 @@ def test_veri_providers_names_what_a_deployment_offers(tmp_path):
         cwd=Path(__file__).resolve().parents[2],
     )
     assert bad.returncode != 0 and "unknown providers ['azure']" in bad.stderr
-
-
-def fake_worker_wheel(folder: Path) -> Path:
-    """A wheel named like Veri whose `python -m worker run ...` writes down its arguments and the
-    environment it was given, served from a package index on loopback."""
-    wheel = folder / "veri-0.1.0-py3-none-any.whl"
-    main = (
-        "import json, os, sys\n"
-        "out = os.path.join(os.environ['VERI_WORK_DIR'], 'ran.json')\n"
-        "env = {k: v for k, v in os.environ.items() if k.startswith('VERI_')}\n"
-        "json.dump({'argv': sys.argv[1:], 'env': env, 'cwd': os.getcwd()}, open(out, 'w'))\n"
-    )
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("worker/__init__.py", "")
-        z.writestr("worker/__main__.py", main)
-        z.writestr(
-            "veri-0.1.0.dist-info/METADATA",
-            "Metadata-Version: 2.1\nName: veri\nVersion: 0.1.0\nProvides-Extra: worker\n",
-        )
-        z.writestr(
-            "veri-0.1.0.dist-info/WHEEL",
-            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        )
-        z.writestr("veri-0.1.0.dist-info/RECORD", "")
-    return wheel
-
-
-def test_the_bootstrap_installs_the_pinned_worker_and_runs_the_job_with_its_token(
-    tmp_path, settings
-):
-    index = tmp_path / "index"
-    (index / "veri").mkdir(parents=True)
-    wheel = fake_worker_wheel(index / "veri")
-    (index / "veri" / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>')
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(index))
-    )
-    Thread(target=server.serve_forever, daemon=True).start()
-    settings.VERI_WORKER_INDEX_URL = f"http://127.0.0.1:{server.server_port}/"
-    settings.VERI_WORKER_PACKAGE = ""
-    token = "veri_jt_secret'with quote"
-    script = render(
-        LaunchSpec(
-            job_id="job_abc",
-            region="us-east-1",
-            zone="us-east-1a",
-            gpu_type="L4-24GB",
-            gpu_count=1,
-            api_url="https://veri.example.com",
-            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": "https://veri.example.com"},
-        )
-    )
-    assert "veri[worker]==0.1.0" in script  # pinned to this control plane's version
-    root = tmp_path / "machine"
-    shutdown = tmp_path / "shutdown-called"
-    fake_shutdown = tmp_path / "shutdown"
-    fake_shutdown.write_text(f'#!/bin/sh\necho "$@" > {shutdown}\n')
-    fake_shutdown.chmod(0o755)
-    result = subprocess.run(
-        ["bash", "-c", script],
-        env={
-            "PATH": os.environ["PATH"],
-            "VERI_ROOT": str(root),
-            "VERI_SHUTDOWN": str(fake_shutdown),
-        },
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    server.shutdown()
-    log = (root / "bootstrap.log").read_text() if (root / "bootstrap.log").exists() else ""
-    assert result.returncode == 0, result.stderr + log
-    ran = json.loads((root / "work" / "ran.json").read_text())
-    assert ran["argv"] == ["run", "--job", "job_abc", "--api", "https://veri.example.com"]
-    assert ran["env"]["VERI_JOB_TOKEN"] == token
-    assert ran["env"]["VERI_WORK_DIR"] == str(root / "work")
-    assert oct((root / "env").stat().st_mode & 0o777) == "0o600"
-    assert "[veri] worker exited with 0" in log
-    assert shutdown.read_text().split() == ["-h", "+10"]  # the machine ends itself if forgotten
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from tests.training.conftest import drive, upload_dataset, worker_client
 from training import tasks
 from training.models import TrainingJob
 from veri.services import deployment_id
+from worker.runner import registration
 
 pytestmark = pytest.mark.django_db
 
@@ -83,7 +84,7 @@ def test_digitalocean_launches_a_tagged_droplet_and_cancel_deletes_it_once(
     assert body["image"] == "gpu-h100x1-base"
     assert f"veri-job:{job.public_id}" in body["tags"]
     assert f"veri-deployment:{deployment_id()}" in body["tags"]
-    assert f"-m worker run --job {job.public_id}" in body["user_data"]
+    assert f"\njob={job.public_id}\n" in body["user_data"]
     assert api_client.raw_key not in body["user_data"]
     instance = Instance.objects.get(job=job)
     adapter = provider_services.get_adapter("digitalocean")
@@ -160,7 +161,7 @@ def test_vast_takes_the_cheapest_offer_in_the_zone_and_the_next_when_it_is_gone(
     assert accepts == [f"/api/v0/asks/{taken}/", f"/api/v0/asks/{second}/"]
     [instance] = vast.instances.values()
     assert instance["label"] == f"veri:{deployment_id()}:{job.public_id}"
-    assert f"-m worker run --job {job.public_id}" in instance["onstart"]
+    assert f"\njob={job.public_id}\n" in instance["onstart"]
     api_client.post(f"/v1/training_jobs/{job.public_id}/cancel")
     assert vast.instances == {}
     assert len(vast.calls("DELETE", r"/api/v0/instances/\d+/")) == 1
@@ -243,7 +244,7 @@ def test_gcp_launches_a_flex_start_vm_one_gpu_at_a_time(gcp, api_client, data):
     assert body["labels"] == {"veri-job": first.public_id, "veri-deployment": deployment_id()}
     [startup] = body["metadata"]["items"]
     assert startup["key"] == "startup-script"
-    assert f"-m worker run --job {first.public_id}" in startup["value"]
+    assert f"\njob={first.public_id}\n" in startup["value"]
 
     # A second job waits in `queued` while the first holds the deployment's one GCP GPU.
     second = submit(api_client, data, "gcp", "H100-80GB")
@@ -294,7 +295,9 @@ def test_a_worker_registering_before_the_watchdog_saw_the_gpu_moves_the_job_on(
     job = submit(api_client, data, "gcp", "H100-80GB")
     assert job.status == "queued"
     answer = worker_client(job).post(
-        f"/v1/worker/jobs/{job.public_id}/register", {"hostname": "vm"}, format="json"
+        f"/v1/worker/jobs/{job.public_id}/register",
+        registration() | {"hostname": "vm"},
+        format="json",
     )
     assert answer.status_code == 200, answer.json()
     job.refresh_from_db()

@@ -21,6 +21,7 @@ from training.services import jobs
 from veri_sdk import Client, InsufficientBalanceError, InvalidRewardError, NotFoundError
 from veri_sdk.cli import main
 from veri_sdk.training import DownloadFailed
+from worker.runner import registration
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,7 +80,7 @@ def run_worker(job_id: str, lines: int, *, pause: float = 0.0, final_files: dict
     job.refresh_from_db()
     worker = worker_client(job)
     base = f"/v1/worker/jobs/{job_id}"
-    worker.post(f"{base}/register", {}, format="json")
+    worker.post(f"{base}/register", registration(), format="json")
     worker.post(f"{base}/status", {"status": "running"}, format="json")
     for seq in range(lines):
         worker.post(f"{base}/logs", {"lines": [{"seq": seq, "text": f"line {seq}"}]}, format="json")

@@ -14,6 +14,7 @@ from tests.training.test_worker_and_jobs_api import w
 from training import tasks
 from training.models import TrainingJob
 from worker.client import ControlPlane, ControlPlaneError
+from worker.runner import registration
 
 pytestmark = pytest.mark.django_db
 
@@ -106,7 +107,7 @@ def test_tokens_of_a_superseded_run_are_dead_and_the_relaunch_gets_its_own(submi
     assert_dead(renewed, job)
     assert tasks.provision_job(job_id=job.pk) == "launched"
     relaunched = as_worker(cloud.launched[-1].env["VERI_JOB_TOKEN"])
-    assert relaunched.post(w(job, "register"), {}, format="json").status_code == 200
+    assert relaunched.post(w(job, "register"), registration(), format="json").status_code == 200
     assert_dead(renewed, job)
 
 
@@ -125,7 +126,7 @@ def test_the_runner_renews_its_token_while_its_job_lives(
     launch_token = cloud.launched[-1].env["VERI_JOB_TOKEN"]
     api = ControlPlane(api_url=live_server.url, job_id=job.public_id, token=launch_token)
     started = time.monotonic()
-    assert api.call("POST", "/register", json={}, attempts=1)["status"] == "configuring"
+    assert api.call("POST", "/register", json=registration(), attempts=1)["status"] == "configuring"
     api.call("POST", "/status", json={"status": "running"}, attempts=1)
     time.sleep(max(0.0, started + 1.5 - time.monotonic()))
     # Past the overlap, within its own lifetime: the launch token no longer opens anything.

@@ -21,6 +21,7 @@ from training.services import jobs, restarts
 from volumes.models import VolumeFile
 from volumes.stores import get_store
 from volumes.tasks import reconcile_deleted_volumes
+from worker.runner import registration
 
 pytestmark = pytest.mark.django_db
 S = JobStatus
@@ -31,7 +32,7 @@ def running(submit, **fields) -> tuple[TrainingJob, object]:
     job = submit(**fields)
     tasks.provision_job(job_id=job.pk)
     worker = worker_client(TrainingJob.objects.get(pk=job.pk))
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     worker.post(w(job, "status"), {"status": "running"}, format="json")
     job.refresh_from_db()
     return job, worker
@@ -223,7 +224,7 @@ def replayed(submit, cloud, *, loss_before: float, loss_now: float) -> TrainingJ
     machine_lost(cloud, job)
     tasks.provision_job(job_id=job.pk)
     new_worker = worker_client(TrainingJob.objects.get(pk=job.pk))
-    new_worker.post(w(job, "register"), {}, format="json")
+    new_worker.post(w(job, "register"), registration(), format="json")
     new_worker.post(w(job, "metrics"), point(loss_now), format="json")
     return job
 

@@ -10,6 +10,7 @@ from training import errors, tasks
 from training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from training.services import jobs
 from volumes.stores import get_store
+from worker.runner import registration
 
 pytestmark = pytest.mark.django_db
 S = JobStatus
@@ -53,9 +54,9 @@ def upload_checkpoint(worker: APIClient, job: TrainingJob, step: int, final: boo
 
 def test_a_worker_runs_a_job_to_completion(api_client, launched):
     job, worker = launched
-    assert worker.post(w(job, "register"), {"hostname": "gpu-1"}, format="json").json() == {
-        "status": "configuring"
-    }
+    assert worker.post(
+        w(job, "register"), registration() | {"hostname": "gpu-1"}, format="json"
+    ).json() == {"status": "configuring"}
     spec = worker.get(w(job, "spec")).json()
     assert (spec["job_id"], spec["method"], spec["base_model"]) == (
         job.public_id,
@@ -127,7 +128,7 @@ def test_a_worker_runs_a_job_to_completion(api_client, launched):
 
 def test_full_log_is_the_concatenation_and_survives_the_job(api_client, launched):
     job, worker = launched
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     lines = [{"seq": i, "text": f"line {i}"} for i in range(30)]
     worker.post(w(job, "logs"), {"lines": lines[10:]}, format="json")
     worker.post(w(job, "logs"), {"lines": lines[:10]}, format="json")  # an older batch, late
@@ -168,10 +169,10 @@ def test_every_worker_reported_code_fails_the_job_with_its_attribution(submit, c
     job = submit(auto_resume=False)  # a restartable code would restart it (test_restarts.py)
     tasks.provision_job(job_id=job.pk)
     worker = worker_client(job)
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     worker.post(w(job, "status"), {"status": "running"}, format="json")
     # From the phase whose runner check finds it (a platform fault), or any (the customer's).
-    phase = sorted(errors.PLATFORM_FAULT_PHASES.get(code, {"training"}))[0]
+    phase = max(errors.PLATFORM_FAULT_PHASES.get(code, {"training"}))
     if phase != "sync":
         assert worker.post(w(job, "phase"), {"phase": phase}, format="json").status_code == 200
     response = worker.post(
@@ -205,7 +206,7 @@ def test_a_platform_fault_from_the_wrong_phase_is_the_jobs_own_error(submit, cod
     job = submit()  # auto_resume on: a believed hardware_error would restart it
     tasks.provision_job(job_id=job.pk)
     worker = worker_client(job)
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     for step in errors.PHASES[1 : errors.PHASES.index(phase) + 1]:
         assert worker.post(w(job, "phase"), {"phase": step}, format="json").status_code == 200
     response = worker.post(
@@ -224,7 +225,7 @@ def test_a_platform_fault_from_the_wrong_phase_is_the_jobs_own_error(submit, cod
 
 def test_phases_only_go_forward(launched):
     job, worker = launched
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     assert worker.post(w(job, "phase"), {"phase": "training"}, format="json").status_code == 200
     assert_error(
         worker.post(w(job, "phase"), {"phase": "sync"}, format="json"), 409, "invalid_phase"
@@ -281,7 +282,7 @@ def test_checkpoints_keep_the_newest_and_list_signed_urls(api_client, submit):
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
     worker = worker_client(job)
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     for step in (5, 10, 15, 20):
         upload_checkpoint(worker, job, step)
     listed = api_client.get(f"/v1/training_jobs/{job.public_id}/checkpoints").json()["data"]
@@ -302,7 +303,7 @@ def test_resume_starts_a_new_job_from_the_newest_checkpoint(api_client, submit):
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
     worker = worker_client(job)
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     assert_error(
         api_client.post(f"/v1/training_jobs/{job.public_id}/resume", {}, format="json"),
         400,
@@ -328,7 +329,7 @@ def test_a_job_that_trained_all_its_steps_has_nothing_to_resume(api_client, subm
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
     worker = worker_client(job)
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     upload_checkpoint(worker, job, 10)
     worker.post(w(job, "complete"), {"ok": False, "error_code": "upload_failed"}, format="json")
     answer = api_client.post(f"/v1/training_jobs/{job.public_id}/resume", {}, format="json")
@@ -416,7 +417,7 @@ def test_operators_cancel_jobs_from_the_admin(launched, cloud):
 
 def test_resent_metric_points_keep_their_first_values(api_client, launched):
     job, worker = launched
-    worker.post(w(job, "register"), {}, format="json")
+    worker.post(w(job, "register"), registration(), format="json")
     first = {"points": [{"step": 1, "values": {"loss": 2.0}}, {"step": 1, "values": {"loss": 9.0}}]}
     assert worker.post(w(job, "metrics"), first, format="json").json()["added"] == 1
     resent = {

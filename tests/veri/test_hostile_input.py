@@ -17,6 +17,7 @@ from training import tasks
 from training.models import Checkpoint, Dataset, LogChunk, MetricPoint, Sample, TrainingJob
 from volumes.models import Upload, UsageSnapshot, Volume
 from volumes.stores.local_view import LocalStoreView
+from worker.runner import registration
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +64,7 @@ def launched(api_client, billed, cloud, settings, local_store_url):
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
     worker = worker_client(job)
-    worker.post(f"/v1/worker/jobs/{job.public_id}/register", {}, format="json")
+    worker.post(f"/v1/worker/jobs/{job.public_id}/register", registration(), format="json")
     return job, worker
 
 

@@ -1,6 +1,8 @@
 """The multi-GPU pieces that need no training: the hardware check across ranks (gloo on CPU),
 a missing device, and the runner refusing to start training on hardware that failed it."""
 
+import os
+
 import pytest
 
 from worker.errors import JobFailure
@@ -13,11 +15,27 @@ def test_the_check_passes_on_two_cpu_ranks_linked_by_gloo():
 
 
 def test_missing_gpus_fail_the_check_on_every_rank():
-    problem = check_hardware("cuda", 2)  # this machine has none
-    assert problem == (
+    found = check_hardware("cuda", 2)  # this machine has none
+    assert (found.code, found.message) == (
+        "hardware_error",
         "rank 0: 2 GPUs expected on this machine, 0 present; "
-        "rank 1: 2 GPUs expected on this machine, 0 present"
+        "rank 1: 2 GPUs expected on this machine, 0 present",
     )
+
+
+def test_gpus_the_installed_torch_cannot_use_are_the_platforms_provisioning_error(
+    tmp_path, monkeypatch
+):
+    """The driver lists two GPUs but torch (here the CPU build) sees none: the bootstrap
+    installed the wrong torch for this machine, which is the platform's to pay for."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nprintf "550.54.15\\n550.54.15\\n"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    found = check_hardware("cuda", 2)
+    assert found.code == "provisioning_error"
+    assert "rank 0: torch 2.13.0+cpu (built for CUDA none) sees 0 of the 2 GPUs" in found.message
+    assert "(driver 550.54.15): the installed torch does not match" in found.message
 
 
 def offline_runner(tmp_path) -> Runner:

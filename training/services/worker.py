@@ -1,5 +1,6 @@
 """What the worker on the instance reports, and what it is handed (spec, credentials)."""
 
+import contextlib
 import hashlib
 import hmac
 import re
@@ -24,7 +25,7 @@ from training.models import (
     Sample,
     TrainingJob,
 )
-from training.services import alarms, logs, restarts
+from training.services import alarms, jobs, logs, restarts
 from training.services.jobs import InvalidTransition, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
@@ -32,6 +33,7 @@ from volumes import selectors as volume_selectors
 from volumes.models import Volume
 from volumes.services import schedule_store_deletion, validate_path
 from volumes.stores import keys, store_for
+from worker.build import build_id
 
 S = JobStatus
 TOKEN_PREFIX = "vjt_"
@@ -116,7 +118,19 @@ def renew_job_token(*, raw: str) -> RenewedToken | None:
 
 def register(*, job: TrainingJob, info: dict) -> TrainingJob:
     """The worker is up: provisioning → configuring (a re-register while configuring is fine).
-    A worker on a machine the watchdog has not yet seen obtained (Flex-start) moves it on."""
+    A worker on a machine the watchdog has not yet seen obtained (Flex-start) moves it on. A
+    worker of other code than this control plane serves is refused and the job fails as the
+    platform's `provisioning_error` (a mirror or VERI_WORKER_PACKAGE serving another version):
+    it would run another protocol and other checks."""
+    if info["build"] != build_id():
+        message = (
+            f"The machine installed worker build {info['build']}, not this control plane's "
+            f"{build_id()}: check VERI_WORKER_PACKAGE and VERI_WORKER_INDEX_URL, or unset them "
+            "to install the worker the control plane serves."
+        )
+        with contextlib.suppress(InvalidTransition):  # ended meanwhile: the first end stands
+            jobs.fail_job(job_id=job.pk, code="provisioning_error", message=message)
+        raise Conflict(message, code="worker_version_mismatch")
     if job.status == S.QUEUED:
         job = machine_obtained(job=job)
     job = transition_job(job_id=job.pk, to=S.CONFIGURING, detail={"worker": info})
@@ -343,6 +357,10 @@ def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str
         )
         error_code = "training_error"
     try:
+        if error_code == "provisioning_error" and not phase:
+            # The bootstrap's report (no worker yet): the deployment's setup, which another
+            # machine would meet the same way, so the job ends rather than restarting.
+            return jobs.fail_job(job_id=job.pk, code=error_code, message=message)
         return restarts.fail_or_restart(job_id=job.pk, code=error_code, message=message)
     except InvalidTransition:
         job.refresh_from_db()

@@ -1,9 +1,10 @@
 """Object-store keys, built here and nowhere else, from typed parts: a workspace, a volume, a job
 or a dataset id, and relative paths that pass the volume path rules.
 
-Every key lives under `workspaces/<workspace>/`. A `Prefix` is a folder some caller is entitled
-to; `ScopedStore` (in this package) refuses any key outside the prefix it was opened on, so a path
-that slipped past validation still cannot climb into another job's or workspace's objects.
+Every customer key lives under `workspaces/<workspace>/` (the platform's own under `platform/`).
+A `Prefix` is a folder some caller is entitled to; `ScopedStore` (in this package) refuses any
+key outside the prefix it was opened on, so a path that slipped past validation still cannot
+climb into another job's or workspace's objects.
 """
 
 import re
@@ -120,6 +121,8 @@ class Prefix:
 
 
 ALL_WORKSPACES = Prefix("workspaces/")
+# What the platform itself keeps (the worker it serves to rented machines), beside workspaces.
+PLATFORM = Prefix("platform/")
 
 
 def workspace_prefix(workspace_id: str) -> Prefix:

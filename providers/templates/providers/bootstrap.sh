@@ -1,20 +1,18 @@
 #!/bin/bash
 # Veri worker bootstrap for {{ job_id }}, rendered by the control plane (providers/bootstrap.py)
-# and run once by the machine's first boot (cloud-init user-data or a startup script).
+# and run once by the machine's first boot (cloud-init user-data or a startup script). It needs
+# only bash, coreutils and curl (apt-get installs curl where an image lacks it): the installer
+# (uv), the worker and its dependencies come from the control plane (providers/worker_dist.py),
+# and uv finds or downloads the Python they need, whatever the image's own is.
 # VERI_ROOT and VERI_SHUTDOWN exist for the bootstrap's own test; a rented machine has neither.
 set -euo pipefail
 root="${VERI_ROOT:-/opt/veri}"
-mkdir -p "$root/work" "$root/mnt"
+api={{ api_url|shell }}
+job={{ job_id|shell }}
+dist="$root/dist"
+mkdir -p "$root/work" "$root/mnt" "$dist/wheels"
 exec >>"$root/bootstrap.log" 2>&1
-echo "[veri] bootstrap for {{ job_id }} at $(date -u +%FT%TZ)"
-
-# The sandbox the worker runs customer code in (worker/sandbox.py): without it, it runs none.
-command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y -qq bubblewrap; } || echo "[veri] could not install bubblewrap"
-
-# The worker, pinned to the control plane's version, in its own environment.
-python3 -m venv "$root/venv"
-"$root/venv/bin/pip" install --quiet --disable-pip-version-check{% if index_url %} --index-url {{ index_url|shell }}{% endif %} {{ package|shell }}
+echo "[veri] bootstrap for $job at $(date -u +%FT%TZ)"
 
 # What the worker needs: the control plane's URL and this job's token (never an API key).
 umask 077
@@ -22,12 +20,109 @@ cat >"$root/env" <<'VERI_ENV'
 {% for name, value in env %}{{ name }}={{ value|shell }}
 {% endfor %}VERI_ENV
 set -a; . "$root/env"; set +a
-export VERI_WORK_DIR="$root/work" VERI_MOUNT_ROOT="$root/mnt"
+umask 022
 
+end_machine() {
+  # The control plane terminates the machine; if it cannot, the machine ends itself within
+  # {{ self_stop_minutes }} minutes rather than renting on.
+  ${VERI_SHUTDOWN:-shutdown} -h +{{ self_stop_minutes }}
+}
+
+# The machine could not be made ready. No customer code exists here yet, so the control plane
+# believes this report (only before the worker registers) and the job ends as the platform's
+# provisioning_error, refunded.
+fail() {
+  echo "[veri] bootstrap failed: $1"
+  curl -sS --max-time 30 -X POST -H "Authorization: Bearer $VERI_JOB_TOKEN" \
+    -H "Content-Type: application/json" "$api/v1/worker/jobs/$job/complete" \
+    --data "{\"ok\": false, \"error_code\": \"provisioning_error\", \"message\": \"The machine's bootstrap failed: $1\"}" \
+    || true
+  end_machine
+  exit 1
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+fetch() { curl -fsS --no-progress-meter --retry 5 --retry-delay 2 --retry-all-errors --connect-timeout 10 "$@"; }
+
+# The sandbox the worker runs customer code in (worker/sandbox.py; without it, it runs none),
+# and curl where the image has none (some container images).
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v curl >/dev/null || missing+=(curl ca-certificates)
+if [ ${#missing[@]} -gt 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } \
+    || echo "[veri] could not install ${missing[*]}"
+fi
+command -v curl >/dev/null || { echo "[veri] no curl: cannot reach the control plane"; end_machine; exit 1; }
+
+# What to install: the control plane picks the wheelhouse for the CUDA version the driver offers.
+started=$(now)
+cuda=$( (nvidia-smi 2>/dev/null || true) | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
+fetch -H "Authorization: Bearer $VERI_JOB_TOKEN" -o "$dist/manifest" \
+  "$api/v1/worker/jobs/$job/bootstrap?cuda=$cuda" || fail "it could not ask $api what to install"
+python="" backend="" index="" package="" uv="" worker=""
+: >"$dist/core.cfg"; : >"$dist/core.sums"; : >"$dist/wheels.cfg"; : >"$dist/wheels.sums"
+while read -r kind a b c d; do
+  case "$kind" in
+    python) python="$a" ;;
+    backend) backend="$a" ;;
+    index) index="$a" ;;
+    package) package="$a" ;;
+    file)  # file KIND SHA256 NAME URL
+      group=core path="$c"
+      [ "$a" = wheel ] && group=wheels path="wheels/$c"
+      [ "$a" = uv ] && uv="$dist/$path"
+      [ "$a" = worker ] && worker="$dist/$path"
+      printf 'url = "%s"\noutput = "%s"\n' "$d" "$dist/$path" >>"$dist/$group.cfg"
+      printf '%s  %s\n' "$b" "$path" >>"$dist/$group.sums" ;;
+  esac
+done <"$dist/manifest"
+[ -n "$uv" ] && [ -n "$worker" ] && [ -n "$python" ] || fail "the control plane's answer lacked the installer or the worker"
+fetch --parallel --parallel-max 16 -K "$dist/core.cfg" || fail "the installer and the worker could not be downloaded"
+(cd "$dist" && sha256sum --quiet -c core.sums) || fail "the installer or the worker arrived damaged"
+chmod +x "$uv"
+source=wheelhouse
+if [ "$backend" = none ]; then
+  echo "[veri] the control plane has no wheelhouse for this machine (CUDA ${cuda:-none})"
+  source=index
+elif ! fetch --parallel --parallel-max 16 -K "$dist/wheels.cfg" \
+    || ! (cd "$dist" && sha256sum --quiet -c wheels.sums); then
+  echo "[veri] the $backend wheelhouse could not be downloaded"
+  source=index
+fi
+if [ "$source" = index ] && [ -z "$index" ]; then
+  fail "no wheelhouse for this machine (CUDA ${cuda:-none}) could be downloaded, and no VERI_WORKER_INDEX_URL is set to install from instead"
+fi
+fetch_seconds=$(since "$started")
+
+# A Python of the version the wheelhouse was built for: the image's own if it has that version,
+# else one uv downloads (never the image's pip or python3-venv).
+export UV_CACHE_DIR="$root/uv-cache" UV_PYTHON_INSTALL_DIR="$root/python" UV_NO_CONFIG=1
+{% if python_mirror %}export UV_PYTHON_INSTALL_MIRROR={{ python_mirror|shell }}
+{% endif %}started=$(now)
+"$uv" venv --quiet --python "$python" "$root/venv" || fail "no Python $python could be found or downloaded"
+python_seconds=$(since "$started")
+
+# The worker and its pinned dependencies, in parallel, from the wheelhouse when it came (no
+# index at all), else from the index with the torch build that matches the driver.
+started=$(now)
+install=("$uv" pip install --quiet --python "$root/venv/bin/python")
+[ "$source" = wheelhouse ] && install+=(--find-links "$dist/wheels")
+if [ "$source" = index ]; then
+  install+=(--index-url "$index" --torch-backend auto)
+elif [ -z "$package" ]; then
+  install+=(--no-index)
+else
+  install+=(--index-url "${index:-https://pypi.org/simple}")
+fi
+"${install[@]}" "${package:-$worker}" || fail "the worker could not be installed from the ${source}"
+install_seconds=$(since "$started")
+export VERI_BOOTSTRAP="backend=$backend source=$source fetch_seconds=$fetch_seconds python_seconds=$python_seconds install_seconds=$install_seconds"
+echo "[veri] installed: $VERI_BOOTSTRAP"
+
+export VERI_WORK_DIR="$root/work" VERI_MOUNT_ROOT="$root/mnt"
 cd "$root/work"
 status=0
-"$root/venv/bin/python" -m worker run --job {{ job_id|shell }} --api {{ api_url|shell }} || status=$?
+"$root/venv/bin/python" -m worker run --job "$job" --api "$api" || status=$?
 echo "[veri] worker exited with ${status}"
-# The control plane terminates the machine; if it cannot, the machine ends itself within
-# {{ self_stop_minutes }} minutes of the worker's end rather than renting on.
-${VERI_SHUTDOWN:-shutdown} -h +{{ self_stop_minutes }}
+end_machine
