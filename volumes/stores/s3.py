@@ -201,6 +201,10 @@ class S3Store(ObjectStore):
                 raise StoreError(f"could not delete {first['Key']}: {first.get('Message')}")
 
     def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
+        """STS credentials scoped to `prefix` when a role is configured (`VERI_STS_ROLE_ARN`);
+        without one (a store with no STS endpoint) a presigned GET URL per key, as any store."""
+        if not settings.VERI_STS_ROLE_ARN:
+            return super().read_grant(prefix, keys, ttl=ttl)
         credentials = self.scoped_credentials(prefix, ttl=ttl)
         return credentials, {key: {"key": self.full_key(key)} for key in keys}
 
