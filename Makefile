@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install demo test serve-prod-like lint format
+.PHONY: install test-install demo test serve-prod-like lint format
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,21 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 install: $(VENV)/.installed
 
+# The IAM policy evaluator tests/volumes/test_scoped_policy.py runs (node; versions pinned by the
+# lock file), into a git-ignored node_modules beside it.
+IAM_EVAL := tests/volumes/iam
+$(IAM_EVAL)/node_modules/.installed: $(IAM_EVAL)/package.json $(IAM_EVAL)/package-lock.json
+	if [ "$$(id -u)" = 0 ] && ! command -v npm >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; fi
+	npm ci --prefix $(IAM_EVAL) --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-install: install $(IAM_EVAL)/node_modules/.installed
+
 demo: install
 	$(PY) manage.py quickstart
 
-test: install
+test: test-install
 	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --durations=15 $(PYTEST_ARGS)
 
 # PostgreSQL, Redis, moto as the S3 store, gunicorn and two qclusters; Ctrl-C stops them.

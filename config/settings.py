@@ -219,8 +219,13 @@ LOGGING = {
 VERI_STORE = env("VERI_STORE") or f"file://{STATE_DIR / 'store'}"
 AWS_ENDPOINT_URL = env("AWS_ENDPOINT_URL")
 AWS_REGION = env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
-# STS role the control plane assumes to hand out prefix-scoped credentials (S3 store only).
-VERI_STS_ROLE_ARN = env("VERI_STS_ROLE_ARN") or "arn:aws:iam::123456789012:role/veri-worker-storage"
+# The role the control plane assumes (STS) to hand workers credentials scoped to one volume's
+# prefix (S3 store only). Unset: the store has no STS (Runpod's, many MinIO setups), and workers
+# get a presigned GET URL per file instead, with the same lifetime.
+VERI_STS_ROLE_ARN = env("VERI_STS_ROLE_ARN") or ""
+# The KMS key a bucket's objects are encrypted with (SSE-KMS): scoped credentials may use it
+# through S3 (kms:Decrypt to read; kms:GenerateDataKey too to write), that key and no other.
+VERI_STORE_KMS_KEY_ARN = env("VERI_STORE_KMS_KEY_ARN") or ""
 VERI_MULTIPART_THRESHOLD = int(env("VERI_MULTIPART_THRESHOLD", str(5 * 1024**3)))
 VERI_MULTIPART_PART_SIZE = int(env("VERI_MULTIPART_PART_SIZE", str(64 * 1024**2)))
 VERI_PRESIGN_TTL_SECONDS = int(env("VERI_PRESIGN_TTL_SECONDS", "3600"))

@@ -82,6 +82,10 @@ class Topology:
             "AWS_ENDPOINT_URL": s3_endpoint,
             "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
             "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+            # Workers get STS credentials scoped to each volume (moto's STS takes any role).
+            "VERI_STS_ROLE_ARN": os.environ.get(
+                "VERI_STS_ROLE_ARN", "arn:aws:iam::123456789012:role/veri-worker-storage"
+            ),
             "VERI_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "VERI_PUBLIC_URL": self.url,
             "VERI_DB_CONN_MAX_AGE": "60",

@@ -109,11 +109,18 @@ def s3_client(endpoint: str):
     )
 
 
+# moto's STS takes any role; a deployment names its own (docs/deploy.md).
+TEST_STS_ROLE_ARN = "arn:aws:iam::123456789012:role/veri-worker-storage"
+
+
 @pytest.fixture
 def s3_store_url(s3_endpoint, settings) -> str:
+    """A fresh bucket on the S3 server, with STS (scoped credentials for workers); a test of a
+    store without STS sets `VERI_STS_ROLE_ARN` back to ""."""
     bucket = f"veri-test-{uuid.uuid4().hex[:12]}"
     s3_client(s3_endpoint).create_bucket(Bucket=bucket)
     settings.AWS_ENDPOINT_URL = s3_endpoint
+    settings.VERI_STS_ROLE_ARN = TEST_STS_ROLE_ARN
     return f"s3://{bucket}/root"
 
 

@@ -1,7 +1,7 @@
 """Mount volumes: each is synced to `<mount root>/<name>` with short-lived read credentials (scoped
-STS credentials on S3, signed URLs on the local store), many files at once, a large file split in
-ranged parts when one connection alone would be slow, then checked against what the control plane
-recorded."""
+STS credentials on S3 with a role; else a signed URL per file: the local store, an S3 store without
+STS), many files at once, a large file split in ranged parts when one connection alone would be
+slow, then checked against what the control plane recorded."""
 
 import contextlib
 import hashlib
@@ -62,9 +62,9 @@ class Fetcher:
                 aws_session_token=c["session_token"],
                 config=Config(max_pool_connections=PARALLEL * 2, retries={"max_attempts": 5}),
             )
-            self.expires = datetime.fromisoformat(c["expiration"])
-        else:
-            self.expires = None
+        # Both kinds expire (credentials, or presigned URLs signed for as long): renewed alike.
+        expiration = self.credentials.get("expiration")
+        self.expires = datetime.fromisoformat(expiration) if expiration else None
 
     def _fresh(self) -> None:
         if self.expires is None:

@@ -3,7 +3,7 @@
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from veri.errors import ServiceUnavailable
 
@@ -99,8 +99,14 @@ class ObjectStore:
 
     def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
         """Short-lived read access to `keys` under `prefix`: credentials for the prefix, and per
-        key where to fetch it (`{"key": …}` with the credentials, or a signed `{"url": …}`)."""
-        ...
+        key where to fetch it (`{"key": …}` with the credentials, or a signed `{"url": …}`).
+
+        Here, a presigned GET URL per key, valid for `ttl` seconds: what any store can sign.
+        `expiration` says when the URLs stop working, so the holder asks again before then (a
+        GET that started in time runs to its end)."""
+        expiration = datetime.now(UTC) + timedelta(seconds=ttl)
+        where = {key: {"url": self.presign_get(key, expires=ttl)} for key in keys}
+        return {"kind": "signed_urls", "expiration": expiration.isoformat()}, where
 
     def get_bytes(self, key: str) -> bytes:
         with self.open(key) as stream:

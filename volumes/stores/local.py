@@ -74,9 +74,6 @@ class LocalStore(ObjectStore):
         self._path(key)
         return self.sign(op="get", key=key, exp=time.time() + expires)
 
-    def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
-        return {"kind": "signed_urls"}, {k: {"url": self.presign_get(k, expires=ttl)} for k in keys}
-
     def create_multipart(self, key: str) -> str:
         self._path(key)
         upload_id = uuid.uuid4().hex

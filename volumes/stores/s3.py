@@ -201,22 +201,26 @@ class S3Store(ObjectStore):
                 raise StoreError(f"could not delete {first['Key']}: {first.get('Message')}")
 
     def read_grant(self, prefix: str, keys: list[str], *, ttl: int) -> tuple[dict, dict]:
+        """STS credentials scoped to `prefix` when a role is configured (`VERI_STS_ROLE_ARN`);
+        without one (a store with no STS endpoint) a presigned GET URL per key, as any store."""
+        if not settings.VERI_STS_ROLE_ARN:
+            return super().read_grant(prefix, keys, ttl=ttl)
         credentials = self.scoped_credentials(prefix, ttl=ttl)
         return credentials, {key: {"key": self.full_key(key)} for key in keys}
 
     def scoped_policy(self, prefix: str, *, write: bool) -> dict:
-        """An STS session policy: read-only (or write-only) on one prefix of the bucket."""
+        """An STS session policy: read-only (or write-only) on one prefix of the bucket. The
+        folder's trailing `/` is what keeps `vol_1` from reaching `vol_10`. With a KMS key
+        (`VERI_STORE_KMS_KEY_ARN`), that key alone, and only through S3: SSE-KMS objects need
+        kms:Decrypt to be read, and kms:GenerateDataKey (with Decrypt, for multipart) to be
+        written."""
         full = self.full_key(prefix, folder=True)
         objects = f"arn:aws:s3:::{self.bucket}/{full}*"
         if write:
             actions = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
-            return {
-                "Version": "2012-10-17",
-                "Statement": [{"Effect": "Allow", "Action": actions, "Resource": [objects]}],
-            }
-        return {
-            "Version": "2012-10-17",
-            "Statement": [
+            statements = [{"Effect": "Allow", "Action": actions, "Resource": [objects]}]
+        else:
+            statements = [
                 {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [objects]},
                 {
                     "Effect": "Allow",
@@ -224,8 +228,18 @@ class S3Store(ObjectStore):
                     "Resource": [f"arn:aws:s3:::{self.bucket}"],
                     "Condition": {"StringLike": {"s3:prefix": [f"{full}*"]}},
                 },
-            ],
-        }
+            ]
+        if key := settings.VERI_STORE_KMS_KEY_ARN:
+            through_s3 = {"kms:ViaService": f"s3.{settings.AWS_REGION}.amazonaws.com"}
+            statements.append(
+                {
+                    "Effect": "Allow",
+                    "Action": ["kms:Decrypt", "kms:GenerateDataKey"] if write else ["kms:Decrypt"],
+                    "Resource": [key],
+                    "Condition": {"StringEquals": through_s3},
+                }
+            )
+        return {"Version": "2012-10-17", "Statement": statements}
 
     def scoped_credentials(self, prefix: str, *, ttl: int = 1800, write: bool = False) -> dict:
         """Short-lived credentials limited to `prefix` (read-only unless `write`)."""
