@@ -28,6 +28,15 @@ cd "$root/work"
 status=0
 "$root/venv/bin/python" -m worker run --job {{ job_id|shell }} --api {{ api_url|shell }} || status=$?
 echo "[veri] worker exited with ${status}"
+# The machine's last act: ask the control plane to delete it (POST …/release, with the job's
+# current token, which the worker keeps in VERI_TOKEN_FILE when it renews it). A powered-off
+# machine still bills on most providers; a deleted one does not. Honoured once the job has ended.
+release_token="$(cat "${VERI_TOKEN_FILE:-$root/token}" 2>/dev/null || true)"
+release_url={{ api_url|shell }}
+release_url="${release_url%/}/v1/worker/jobs/"{{ job_id|shell }}"/release"
+curl -sS -o /dev/null -w "[veri] release answered %{http_code}\n" -m 30 --retry 4 \
+  --retry-delay 5 -X POST -H "Authorization: Bearer ${release_token:-${VERI_JOB_TOKEN:-}}" \
+  "$release_url" || echo "[veri] release failed"
 # The control plane terminates the machine; if it cannot, the machine ends itself within
 # {{ self_stop_minutes }} minutes of the worker's end rather than renting on.
 ${VERI_SHUTDOWN:-shutdown} -h +{{ self_stop_minutes }}
