@@ -8,6 +8,7 @@ elsewhere."""
 import concurrent.futures
 import contextlib
 import re
+import time
 import uuid
 from functools import cache
 
@@ -49,6 +50,7 @@ QUOTA = re.compile(r"QUOTA_EXCEEDED|quotaExceeded|quota .* exceeded", re.I)
 # How long a launch waits on the insert operation. Flex-start may hold the request until it
 # finds the GPU: past this the job stays `queued` and the watchdog follows the VM instead.
 INSERT_WAIT_SECONDS = 120
+OPERATION_POLL_SECONDS = 2.0
 INSERT_ATTEMPTS = 3  # an insert whose answer was lost is sent again with the same request id
 # Machine series whose VMs need the gVNIC network interface
 # (https://cloud.google.com/compute/docs/gpus/create-gpu-vm-accelerator-optimized: A3 "requires
@@ -134,9 +136,8 @@ class GcpProvider(ProviderAdapter):
             ],
         )
         try:
-            operation = self._insert(spec.zone, instance)
             # A stockout is the operation's error, not the call's.
-            operation.result(timeout=INSERT_WAIT_SECONDS)
+            self._wait(spec.zone, self._insert(spec.zone, instance))
         except concurrent.futures.TimeoutError:
             # Flex-start is still looking for the GPU: the VM exists (PROVISIONING) and the job
             # stays queued and unbilled; the watchdog follows the VM's status, and a request GCP
@@ -161,10 +162,12 @@ class GcpProvider(ProviderAdapter):
         for attempt in range(INSERT_ATTEMPTS):
             try:
                 return self.client().insert(
-                    project=settings.VERI_GCP_PROJECT,
-                    zone=zone,
-                    instance_resource=instance,
-                    request_id=request_id,
+                    request=compute_v1.InsertInstanceRequest(
+                        project=settings.VERI_GCP_PROJECT,
+                        zone=zone,
+                        instance_resource=instance,
+                        request_id=request_id,
+                    )
                 )
             except (requests.ConnectionError, requests.Timeout, gcp_errors.ServerError) as exc:
                 if CAPACITY.search(str(exc)):
@@ -174,6 +177,27 @@ class GcpProvider(ProviderAdapter):
                         f"GCP could not be reached ({type(exc).__name__})"
                     ) from exc
         raise AssertionError("unreachable")
+
+    def _wait(self, zone: str, operation) -> None:
+        """Poll a zone operation until it is done, then raise its error as the client library
+        would (a GoogleAPICallError); concurrent.futures.TimeoutError past INSERT_WAIT_SECONDS.
+        Polled here rather than with `operation.result()`, whose polling client ignores the
+        configured endpoint (it always asks compute.googleapis.com)."""
+        deadline = time.monotonic() + INSERT_WAIT_SECONDS
+        while operation.status != compute_v1.Operation.Status.DONE:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise concurrent.futures.TimeoutError(f"operation {operation.name} still running")
+            time.sleep(min(OPERATION_POLL_SECONDS, left))
+            operation = self.client(compute_v1.ZoneOperationsClient).get(
+                project=settings.VERI_GCP_PROJECT, zone=zone, operation=operation.name
+            )
+        errors = list(operation.error.errors) if operation.error else []
+        if operation.http_error_status_code or errors:
+            message = operation.http_error_message or "; ".join(e.message for e in errors)
+            raise gcp_errors.from_http_status(
+                operation.http_error_status_code or 500, message, errors=errors
+            )
 
     def _vms(self) -> dict[str, compute_v1.Instance]:
         """This deployment's VMs in every zone, by Veri's id, in one aggregated list."""
