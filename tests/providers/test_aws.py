@@ -11,7 +11,7 @@ import sys
 import time
 import zipfile
 from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
 
@@ -295,6 +295,21 @@ def test_the_bootstrap_installs_the_pinned_worker_and_runs_the_job_with_its_toke
     settings.VERI_WORKER_INDEX_URL = f"http://127.0.0.1:{server.server_port}/"
     settings.VERI_WORKER_PACKAGE = ""
     token = "veri_jt_secret'with quote"
+    released = []  # the control plane's side of the machine's last act
+
+    class ControlPlane(BaseHTTPRequestHandler):
+        def do_POST(self):
+            released.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    api = ThreadingHTTPServer(("127.0.0.1", 0), ControlPlane)
+    Thread(target=api.serve_forever, daemon=True).start()
+    api_url = f"http://127.0.0.1:{api.server_port}/"
     script = render(
         LaunchSpec(
             job_id="job_abc",
@@ -302,8 +317,8 @@ def test_the_bootstrap_installs_the_pinned_worker_and_runs_the_job_with_its_toke
             zone="us-east-1a",
             gpu_type="L4-24GB",
             gpu_count=1,
-            api_url="https://veri.example.com",
-            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": "https://veri.example.com"},
+            api_url=api_url,
+            env={"VERI_JOB_TOKEN": token, "VERI_API_URL": api_url},
         )
     )
     assert "veri[worker]==0.1.0" in script  # pinned to this control plane's version
@@ -324,15 +339,19 @@ def test_the_bootstrap_installs_the_pinned_worker_and_runs_the_job_with_its_toke
         timeout=300,
     )
     server.shutdown()
+    api.shutdown()
     log = (root / "bootstrap.log").read_text() if (root / "bootstrap.log").exists() else ""
     assert result.returncode == 0, result.stderr + log
     ran = json.loads((root / "work" / "ran.json").read_text())
-    assert ran["argv"] == ["run", "--job", "job_abc", "--api", "https://veri.example.com"]
+    assert ran["argv"] == ["run", "--job", "job_abc", "--api", api_url]
     assert ran["env"]["VERI_JOB_TOKEN"] == token
     assert ran["env"]["VERI_WORK_DIR"] == str(root / "work")
     assert oct((root / "env").stat().st_mode & 0o777) == "0o600"
     assert "[veri] worker exited with 0" in log
-    assert shutdown.read_text().split() == ["-h", "+10"]  # the machine ends itself if forgotten
+    # The machine's last act: it asks the control plane to delete it, with the job's token...
+    assert released == [("/v1/worker/jobs/job_abc/release", f"Bearer {token}")], log
+    assert "[veri] release answered 200" in log
+    assert shutdown.read_text().split() == ["-h", "+10"]  # ...and still ends itself if forgotten
 
 
 @pytest.mark.slow
@@ -438,3 +457,19 @@ def test_a_type_ec2_does_not_offer_in_a_zone_is_capacity_and_tries_the_next(
     assert tasks.provision_job(job_id=job.pk) == "launched"
     [instance] = instances(ec2_endpoint)
     assert instance["Placement"]["AvailabilityZone"] == ZONES[1]
+
+
+def test_a_launch_whose_answer_is_lost_runs_one_instance(
+    ec2, ec2_endpoint, api_client, sft_dataset
+):
+    """boto3 retries a RunInstances answered 503; its ClientToken makes EC2 answer the first
+    launch rather than start a second instance."""
+    ec2.lose_next_launch = True
+    job = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=job.pk)
+    job.refresh_from_db()
+    assert job.status == "provisioning", (job.error_code, job.error_message)
+    [instance] = [i for i in instances(ec2_endpoint) if i["State"]["Name"] != "terminated"]
+    assert Instance.objects.get(job=job).external_id == f"us-east-1/{instance['InstanceId']}"
+    launches = ec2.calls("RunInstances")
+    assert len(launches) == 2 and launches[0]["ClientToken"] == launches[1]["ClientToken"]
