@@ -15,6 +15,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
 class JobTokenScheme(OpenApiAuthenticationExtension):
     target_class = "training.worker_api.JobTokenAuthentication"
+    match_subclasses = True  # the release route's, which also takes an ended job's token
     name = "JobToken"
 
     def get_security_definition(self, auto_schema):

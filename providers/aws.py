@@ -2,6 +2,7 @@
 with the worker's bootstrap as user-data. Credentials come from boto3's chain (AWS_* variables, a
 profile, an instance role); AWS_ENDPOINT_URL points it elsewhere (tests use moto)."""
 
+import uuid
 from functools import cache
 
 import boto3
@@ -43,6 +44,10 @@ CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity"}
 ZONE_UNSUPPORTED = "Availability Zone"
 QUOTA_CODES = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
 GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
+# The states the sweeper terminates: a stopped (or stopping) instance still bills its EBS volumes
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html, "Instance
+# states"); shutting-down and terminated ones no longer bill and are ending on their own.
+BILLED_STATES = ["pending", "running", "stopping", "stopped"]
 # The DLAMI with NVIDIA drivers and Python 3, published by AWS per region.
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -143,6 +148,10 @@ class AwsProvider(ProviderAdapter):
         image = self.image_id(spec.region)
         try:
             answer = self.client("ec2", spec.region).run_instances(
+                # boto3 retries a RunInstances whose answer was lost; the same client token
+                # makes EC2 answer the first request's instance instead of launching a second
+                # (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html).
+                ClientToken=str(uuid.uuid4()),
                 ImageId=image,
                 InstanceType=kind,
                 MinCount=1,
@@ -216,7 +225,7 @@ class AwsProvider(ProviderAdapter):
                 region,
                 Filters=[
                     {"Name": f"tag:{DEPLOYMENT_TAG}", "Values": [deployment_id()]},
-                    {"Name": "instance-state-name", "Values": ["pending", "running", "stopped"]},
+                    {"Name": "instance-state-name", "Values": BILLED_STATES},
                 ],
             ):
                 tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}

@@ -3,6 +3,7 @@ datacenter, tagged with the job and this deployment, booted with the worker's bo
 user_data. DIGITALOCEAN_TOKEN authenticates; VERI_DIGITALOCEAN_API_URL points it elsewhere."""
 
 import re
+import secrets
 
 from django.conf import settings
 
@@ -21,9 +22,18 @@ from veri.services import deployment_id
 # Droplet sizes by GPU count; DigitalOcean's GPU images carry the drivers.
 SIZES = {"H100-80GB": {1: "gpu-h100x1-80gb", 8: "gpu-h100x8-640gb"}}
 IMAGES = {"gpu-h100x1-80gb": "gpu-h100x1-base", "gpu-h100x8-640gb": "gpu-h100x8-base"}
-GONE = {"off", "archive"}
-# DigitalOcean tags allow letters, digits, colons, dashes and underscores.
+# A droplet's status is "new", "active", "off" or "archive" (digitalocean/openapi,
+# specification/resources/droplets/models/droplet.yml, `status`). Only new and active ones run a
+# worker; every status bills (a powered-off droplet keeps its reserved GPU, disk and IP and is
+# charged until destroyed: https://docs.digitalocean.com/products/droplets/details/pricing/),
+# and a destroyed droplet is no longer listed. So the sweeper deletes a droplet in any status.
+RUNNING = {"new", "active"}
+# DigitalOcean tags allow letters, digits, colons, dashes and underscores
+# (specification/resources/tags/models/tags.yml, `name.pattern`: ^[a-zA-Z0-9_\-\:]+$).
 JOB_TAG_PREFIX = "veri-job:"
+# One tag per create request: a create retried after its answer was lost adopts the droplet
+# this very request made (never one of an earlier attempt of the job).
+LAUNCH_TAG_PREFIX = "veri-launch:"
 # A 422 that is about capacity: the size (or the region) is not available there now.
 CAPACITY = re.compile(r"(size|region).{0,40}(not available|unavailable)|capacity", re.I)
 
@@ -56,17 +66,24 @@ class DigitalOceanProvider(ProviderAdapter):
             raise CapacityError(
                 f"DigitalOcean has no droplet with {spec.gpu_count}x {spec.gpu_type}"
             )
+        launch_tag = LAUNCH_TAG_PREFIX + secrets.token_hex(8)
         body = {
             "name": f"veri-{spec.job_id}".replace("_", "-"),
             "region": spec.zone,
             "size": size,
             "image": IMAGES[size],
             "user_data": bootstrap.render(spec),
-            "tags": [JOB_TAG_PREFIX + spec.job_id, deployment_tag()],
+            "tags": [JOB_TAG_PREFIX + spec.job_id, deployment_tag(), launch_tag],
             "monitoring": True,
         }
+
+        def adopt() -> dict | None:
+            """The droplet this create made, when only its answer was lost."""
+            found = [d for d in self._droplets() if launch_tag in d.get("tags", [])]
+            return {"droplet": found[0]} if found else None
+
         try:
-            answer = self.api().request("POST", "/v2/droplets", json=body)
+            answer = self.api().request("POST", "/v2/droplets", json=body, adopt=adopt)
         except ProviderApiError as exc:
             message = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc.body)
             if exc.status == 422 and re.search(r"droplet limit|exceed", message, re.I):
@@ -80,29 +97,33 @@ class DigitalOceanProvider(ProviderAdapter):
             ) from exc
         return str(answer["droplet"]["id"])
 
-    def _droplets(self, **params) -> list[dict]:
+    def _droplets(self) -> list[dict]:
+        """This deployment's droplets. The listing returns only non-GPU droplets unless
+        `type=gpus`, which cannot be combined with `tag_name` (droplets_list.yml, "GPU
+        Droplets"; parameters.yml, `droplet_type`): so GPU droplets, filtered by tag here."""
         droplets, page = [], 1
         while True:
             answer = self.api().request(
-                "GET", "/v2/droplets", params={**params, "per_page": 200, "page": page}
+                "GET", "/v2/droplets", params={"type": "gpus", "per_page": 200, "page": page}
             )
             droplets += answer.get("droplets", [])
             if not answer.get("links", {}).get("pages", {}).get("next"):
-                return droplets
+                return [d for d in droplets if deployment_tag() in d.get("tags", [])]
             page += 1
 
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
-        status = {str(d["id"]): d["status"] for d in self._droplets(tag_name=deployment_tag())}
-        return {i: InstanceState(alive=i in status and status[i] not in GONE) for i in instance_ids}
+        """A droplet that is off (the bootstrap's own `shutdown -h`, or powered off) runs no
+        worker: not alive, although it still bills until the sweeper or settle deletes it."""
+        status = {str(d["id"]): d["status"] for d in self._droplets()}
+        return {i: InstanceState(alive=status.get(i) in RUNNING) for i in instance_ids}
 
     def terminate(self, instance_id: str) -> None:
         self.api().delete(f"/v2/droplets/{int(instance_id)}")
 
     def tagged_instances(self) -> dict[str, str]:
+        """Every listed droplet of this deployment, whatever its status: each one bills."""
         found = {}
-        for droplet in self._droplets(tag_name=deployment_tag()):
-            if droplet["status"] in GONE:
-                continue
+        for droplet in self._droplets():
             job = next(
                 (
                     t.removeprefix(JOB_TAG_PREFIX)

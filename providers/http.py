@@ -1,8 +1,10 @@
 """One small typed HTTP client for providers whose official client is their REST API (Vast.ai,
 DigitalOcean): a bearer token, timeouts, and retries with backoff on connection errors, 429 and
-5xx (honouring Retry-After)."""
+5xx (honouring Retry-After). A create is not idempotent on these APIs: its retries look the
+machine up first (`adopt`), so an answer lost after the provider accepted rents one machine."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -27,8 +29,22 @@ class RestClient:
     attempts: int = 4
     backoff: float = 0.5
 
-    def request(self, method: str, path: str, *, json=None, params=None) -> dict:
-        """The answer's JSON ({} for an empty body); ProviderApiError for any other status."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json=None,
+        params=None,
+        adopt: Callable[[], dict | None] | None = None,
+    ) -> dict:
+        """The answer's JSON ({} for an empty body); ProviderApiError for any other status.
+
+        `adopt` makes a create safe to retry: after a transport error or a server error the
+        provider may have created the machine and lost only its answer, so before sending the
+        create again (and before giving up) `adopt()` looks the machine up by what the create
+        tagged it with; what it finds stands as the create's answer. A 429 was refused before
+        any work, so it is simply sent again."""
         url = f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         for attempt in range(self.attempts):
@@ -38,12 +54,16 @@ class RestClient:
                     method, url, json=json, params=params, headers=headers, timeout=self.timeout
                 )
             except httpx.TransportError as exc:
+                if adopt is not None and (found := adopt()) is not None:
+                    return found
                 if last:
                     raise ProviderUnavailable(
                         f"{self.provider} could not be reached ({type(exc).__name__})"
                     ) from exc
                 time.sleep(self.backoff * 2**attempt)
                 continue
+            if response.status_code >= 500 and adopt is not None and (found := adopt()) is not None:
+                return found
             if response.status_code in RETRIED_STATUSES and not last:
                 time.sleep(self._wait(response, attempt))
                 continue

@@ -4,6 +4,7 @@ label the instance with this deployment and the job. VAST_API_KEY authenticates;
 VERI_VAST_API_URL points it elsewhere."""
 
 import re
+import secrets
 
 from django.conf import settings
 
@@ -25,20 +26,29 @@ ZONE_COUNTRIES = {
     "vast-us": {"US", "CA"},
     "vast-eu": {"DE", "FR", "NL", "SE", "NO", "FI", "PL", "ES", "IT", "CZ", "GB", "IE", "BE"},
 }
-GONE = {"exited", "offline", "stopped", "destroyed"}
+# An instance's `actual_status` (vast-ai/vast-cli, vastai/SKILL.md, "Instance status values"):
+# created, loading, running, stopped ("disk charges only"), frozen, exited, rebooting, unknown,
+# offline. "Storage charges begin at creation" and a stopped instance keeps paying for its disk
+# until it is destroyed (SKILL.md, "Interruptible (spot) rentals"; `vastai destroy instance`
+# "stops all billing"), and a container cannot end its own rental. So the sweeper destroys an
+# instance in any status but "destroyed"; only these run no worker:
+STOPPED = {"exited", "offline", "stopped", "destroyed"}
+DESTROYED = "destroyed"
 OFFERS_TRIED = 3  # an offer taken by someone else between search and accept: try the next
 
 
-def label(job_id: str) -> str:
-    return f"veri:{deployment_id()}:{job_id}"
+def label(job_id: str, launch: str = "") -> str:
+    """`veri:<deployment>:<job>:<launch>`: the launch part names one accept request, so that a
+    retried accept adopts the instance it made rather than one of an earlier attempt."""
+    return f"veri:{deployment_id()}:{job_id}" + (f":{launch}" if launch else "")
 
 
 def job_of(instance_label: str | None) -> str | None:
     """The job id in one of this deployment's labels, else None."""
     prefix = f"veri:{deployment_id()}:"
-    return (
-        instance_label.removeprefix(prefix) if (instance_label or "").startswith(prefix) else None
-    )
+    if not (instance_label or "").startswith(prefix):
+        return None
+    return instance_label.removeprefix(prefix).partition(":")[0]
 
 
 # An offer someone else rented between our search and our accept (Vast answers `no_such_ask`,
@@ -70,6 +80,9 @@ class VastProvider(ProviderAdapter):
             "num_gpus": {"eq": gpu_count},
             "rentable": {"eq": True},
             "verified": {"eq": True},
+            # Only offers with room for the disk the accept asks for, as the official CLI's
+            # `launch instance` adds `disk_space>={disk}` to its search (vast-cli, vast.py).
+            "disk_space": {"gte": settings.VERI_VAST_DISK_GB},
             "type": "on-demand",
             "order": [["dph_total", "asc"]],
             "limit": 64,
@@ -91,14 +104,25 @@ class VastProvider(ProviderAdapter):
             "client_id": "me",
             "image": settings.VERI_VAST_IMAGE,
             "disk": settings.VERI_VAST_DISK_GB,
-            "label": label(spec.job_id),
             "runtype": "ssh",
             "onstart": bootstrap.render(spec),
         }
         refusals = []
         for offer in offers[:OFFERS_TRIED]:
+            mine = label(spec.job_id, secrets.token_hex(8))
+
+            def adopt(mine=mine) -> dict | None:
+                """The instance this accept made, when only its answer was lost."""
+                found = [i for i in self._instances() if i.get("label") == mine]
+                return {"success": True, "new_contract": found[0]["id"]} if found else None
+
             try:
-                answer = self.api().request("PUT", f"/api/v0/asks/{offer['id']}/", json=body)
+                answer = self.api().request(
+                    "PUT",
+                    f"/api/v0/asks/{offer['id']}/",
+                    json={**body, "label": mine},
+                    adopt=adopt,
+                )
             except ProviderApiError as exc:
                 reason = _error(exc)
                 if "credit" in reason.lower() or exc.status == 402:
@@ -119,7 +143,9 @@ class VastProvider(ProviderAdapter):
 
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         status = {str(i["id"]): i.get("actual_status") for i in self._instances()}
-        return {i: InstanceState(alive=i in status and status[i] not in GONE) for i in instance_ids}
+        return {
+            i: InstanceState(alive=i in status and status[i] not in STOPPED) for i in instance_ids
+        }
 
     def terminate(self, instance_id: str) -> None:
         self.api().delete(f"/api/v0/instances/{int(instance_id)}/")
@@ -128,7 +154,7 @@ class VastProvider(ProviderAdapter):
         return {
             str(i["id"]): job
             for i in self._instances()
-            if (job := job_of(i.get("label"))) is not None and i.get("actual_status") not in GONE
+            if (job := job_of(i.get("label"))) is not None and i.get("actual_status") != DESTROYED
         }
 
     def available_regions(self, gpu_type: str) -> list[str] | None:

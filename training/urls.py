@@ -37,4 +37,5 @@ urlpatterns = [
     ),
     path("worker/jobs/<str:job_id>/checkpoints", worker_api.WorkerCheckpointsView.as_view()),
     path("worker/jobs/<str:job_id>/complete", worker_api.WorkerCompleteView.as_view()),
+    path("worker/jobs/<str:job_id>/release", worker_api.WorkerReleaseView.as_view()),
 ]

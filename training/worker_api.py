@@ -20,6 +20,7 @@ from rest_framework.response import Response
 
 from providers import worker_dist
 from training.models import MAX_SEQ, TrainingJob
+from training.services import jobs
 from training.services import logs as log_services
 from training.services import worker as worker_services
 from veri.api import ValidatingView
@@ -60,6 +61,19 @@ class JobTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
+
+
+class ReleaseTokenAuthentication(JobTokenAuthentication):
+    """A job token that is still this run's, also once its job has ended (release only)."""
+
+    def authenticate(self, request: Request):
+        raw = bearer_token(request)
+        if raw is None:
+            return None
+        job = worker_services.authenticate_release_token(raw=raw)
+        if job is None:
+            raise exceptions.AuthenticationFailed(DEAD_TOKEN)
+        return None, job
 
 
 class HasJobToken(permissions.BasePermission):
@@ -475,3 +489,19 @@ class WorkerCompleteView(WorkerView):
             job=self.job, ok=data["ok"], error_code=data["error_code"], message=data["message"]
         )
         return _ok(job)
+
+
+class WorkerReleaseView(WorkerView):
+    authentication_classes = [ReleaseTokenAuthentication]
+
+    @extend_schema(
+        request=None,
+        responses={200: Ack},
+        summary="The machine of an ended job asks to be deleted",
+        description="The bootstrap's last act after the worker exits: the control plane deletes "
+        "the job's machine through its provider (idempotent). Works with the run's token after "
+        "the job ended; 409 `job_not_ended` while the job still runs; another job's token: 404.",
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        jobs.release_instance(job=self.job)
+        return _ok(self.job)

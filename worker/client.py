@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 import httpx
 
@@ -66,7 +67,26 @@ class ControlPlane:
             return False
         self.http.headers["Authorization"] = f"Bearer {token}"
         self._renew_at = time.monotonic() + renew_after
+        self._keep_for_release(token)
         return True
+
+    @staticmethod
+    def _keep_for_release(token: str) -> None:
+        """The machine's last act, after the runner exits, is to ask the control plane to delete
+        it (`POST …/release`) with the job's current token: the bootstrap reads it from
+        VERI_TOKEN_FILE (owner-only, like the bootstrap's own env file)."""
+        path = os.environ.get("VERI_TOKEN_FILE")
+        if not path:
+            return
+        fresh = Path(f"{path}.new")
+        try:
+            fresh.unlink(missing_ok=True)
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(token)
+            fresh.replace(path)
+        except OSError:
+            log.warning("could not keep the job token for the machine's release")
 
     def call(self, method: str, path: str, *, json=None, attempts: int | None = None) -> dict:
         """One request, retried with backoff on connection errors, 5xx and 429: `attempts` times,

@@ -23,6 +23,11 @@ class Ec2Proxy:
         self.refusals: dict[str, str | tuple[str, str, int]] = {}
         self.quotas: dict[str, float] = {}  # Service Quotas' code -> value (moto has none)
         self.actions: list[dict] = []  # every EC2 request's form fields (first values)
+        self.lose_next_launch = False  # launch the next RunInstances, then answer 503
+        # EC2's idempotency (https://docs.aws.amazon.com/ec2/latest/devguide/
+        # ec2-api-idempotency.html): a RunInstances repeating a ClientToken is answered with the
+        # first one's result, launching nothing. moto records the token but launches again.
+        self.by_client_token: dict[str, tuple[int, bytes, str | None]] = {}
         self.lock = threading.Lock()
         proxy = self
 
@@ -65,13 +70,23 @@ class Ec2Proxy:
             payload = ERROR.format(code=code, message=escape(message)).encode()
             self._answer(request, status, payload, "text/xml")
             return
+        token = fields.get("ClientToken") if fields.get("Action") == "RunInstances" else None
+        if token and token in self.by_client_token:
+            self._answer(request, *self.by_client_token[token])
+            return
         headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
         answer = httpx.request(
             request.command, self.upstream + request.path, headers=headers, content=body, timeout=60
         )
-        self._answer(
-            request, answer.status_code, answer.content, answer.headers.get("content-type")
-        )
+        result = (answer.status_code, answer.content, answer.headers.get("content-type"))
+        if token and answer.status_code == 200:
+            self.by_client_token[token] = result
+        if fields.get("Action") == "RunInstances" and self.lose_next_launch:
+            self.lose_next_launch = False  # launched, but the answer is lost
+            payload = ERROR.format(code="ServiceUnavailable", message="answer lost").encode()
+            self._answer(request, 503, payload, "text/xml")
+            return
+        self._answer(request, *result)
 
     @staticmethod
     def _answer(request, status: int, payload: bytes, content_type: str | None) -> None:

@@ -9,6 +9,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 TOKEN = "test-provider-token"
+DROP = object()  # a route's answer: close the connection without answering
+
+
+class LostAnswers:
+    """Creates that succeed and whose answer is then lost: `lose("drop")` closes the connection
+    without an answer, `lose(502)` answers a bad gateway; one per create, in order."""
+
+    def __init__(self):
+        self.pending: list[str | int] = []
+
+    def lose(self, *how: str | int) -> None:
+        self.pending += how
+
+    def answer(self, status: int, answer):
+        if not self.pending:
+            return status, answer
+        how = self.pending.pop(0)
+        if how == "drop":
+            return DROP
+        return how, {"id": "bad_gateway", "message": "upstream answer lost"}
 
 
 class FakeApi:
@@ -22,6 +42,7 @@ class FakeApi:
         self.lock = threading.Lock()
         self.next_id = 1000
         self.throttle = 0  # answer this many next requests with 429, Retry-After: 0
+        self.lost = LostAnswers()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,8 +62,11 @@ class FakeApi:
                     return
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 with fake.lock:
-                    status, answer = fake.route(self.command, url.path, query, body)
-                self._send(status, answer)
+                    result = fake.route(self.command, url.path, query, body)
+                if result is DROP:
+                    self.close_connection = True  # the client sees the connection drop
+                    return
+                self._send(*result)
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
@@ -80,7 +104,9 @@ class FakeApi:
 
 
 class FakeDigitalOcean(FakeApi):
-    """https://docs.digitalocean.com/reference/api/digitalocean/: droplets and sizes."""
+    """https://docs.digitalocean.com/reference/api/digitalocean/: droplets and sizes. Each rule
+    cites its line of DigitalOcean's OpenAPI specification (github.com/digitalocean/openapi,
+    `specification/resources/...`, abbreviated `spec:` below)."""
 
     SIZES = [
         {"slug": "gpu-h100x1-80gb", "available": True, "regions": ["nyc2", "tor1"]},
@@ -99,9 +125,7 @@ class FakeDigitalOcean(FakeApi):
         if method == "POST" and path == "/v2/droplets":
             return self.create(body)
         if method == "GET" and path == "/v2/droplets":
-            tag = query.get("tag_name")
-            found = [d for d in self.droplets.values() if tag is None or tag in d["tags"]]
-            return 200, {"droplets": found, "links": {}, "meta": {"total": len(found)}}
+            return self.list(query)
         if method == "GET" and path == "/v2/sizes":
             return 200, {"sizes": self.SIZES, "links": {}, "meta": {"total": len(self.SIZES)}}
         if match := re.fullmatch(r"/v2/droplets/(\d+)", path):
@@ -117,16 +141,38 @@ class FakeDigitalOcean(FakeApi):
             return 200, {"droplet": self.droplets[droplet_id]}
         return 404, {"id": "not_found", "message": f"no route {method} {path}"}
 
+    def list(self, query):
+        tag, kind = query.get("tag_name"), query.get("type")
+        # spec: droplets/parameters.yml `droplet_tag_name`: "Can not be combined with `name` or
+        # `type`"; `droplet_type`: enum droplets | gpus.
+        if tag is not None and (kind is not None or "name" in query):
+            return self.refuse_shape("tag_name can not be combined with name or type")
+        if kind not in (None, "droplets", "gpus"):
+            return self.refuse_shape("type: droplets or gpus")
+        # spec: droplets/droplets_list.yml, "GPU Droplets": "By default, only non-GPU Droplets
+        # are returned. To list only GPU Droplets, set the `type` query parameter to `gpus`."
+        gpus = kind == "gpus"
+        found = [
+            d
+            for d in self.droplets.values()
+            if d["size_slug"].startswith("gpu-") == gpus and (tag is None or tag in d["tags"])
+        ]
+        return 200, {"droplets": found, "links": {}, "meta": {"total": len(found)}}
+
     def create(self, body):
         required = {"name": str, "region": str, "size": str, "image": str}
         for field, kind in required.items():
             if not isinstance((body or {}).get(field), kind):
                 return self.refuse_shape(f"{field} is required")
-        if not re.fullmatch(r"[a-zA-Z0-9.-]+", body["name"]):
+        # spec: droplets/models/droplet_single_create.yml, `name.pattern`.
+        if not re.fullmatch(r"[a-zA-Z0-9]?[a-z0-9A-Z.\-]*[a-z0-9A-Z]", body["name"]):
             return self.refuse_shape("name: only letters, digits, dots and dashes")
         tags = body.get("tags", [])
+        # spec: tags/models/tags.yml, `name`: pattern ^[a-zA-Z0-9_\-\:]+$, maxLength 255.
         if not all(re.fullmatch(r"[a-zA-Z0-9_:-]{1,255}", t) for t in tags):
             return self.refuse_shape("tags: letters, digits, colons, dashes and underscores")
+        # spec: droplets/models/droplet_create.yml, `user_data`: "It must be plain text and may
+        # not exceed 64 KiB in size."
         if (
             not isinstance(body.get("user_data", ""), str)
             or len(body.get("user_data", "")) > 64 * 1024
@@ -148,13 +194,32 @@ class FakeDigitalOcean(FakeApi):
             "user_data": body.get("user_data", ""),
         }
         self.droplets[droplet["id"]] = droplet
-        return 202, {"droplet": droplet, "links": {}}
+        return self.lost.answer(202, {"droplet": droplet, "links": {}})
+
+    def set_status(self, droplet_id: int, status: str) -> None:
+        # spec: droplets/models/droplet.yml, `status`: new, active, off or archive.
+        assert status in ("new", "active", "off", "archive"), status
+        self.droplets[droplet_id]["status"] = status
 
 
 class FakeVast(FakeApi):
     """https://docs.vast.ai/api-reference: search offers (bundles), accept one (asks), list and
     destroy instances. Errors have the documented shape (rate-limits-and-errors):
-    `{"success": false, "error": "<code>", "msg": "<text>"}`."""
+    `{"success": false, "error": "<code>", "msg": "<text>"}`. Rules cite the official CLI
+    (github.com/vast-ai/vast-cli, `vast.py` and `vastai/SKILL.md`)."""
+
+    # vastai/SKILL.md, "Instance status values" (`actual_status`), plus "destroyed".
+    STATUSES = (
+        "created",
+        "loading",
+        "running",
+        "stopped",
+        "frozen",
+        "exited",
+        "rebooting",
+        "unknown",
+        "offline",
+    )
 
     unauthorized = (
         401,
@@ -170,7 +235,9 @@ class FakeVast(FakeApi):
         self.refuse_accept: tuple[int, dict] | None = None  # every accept answers this
         super().__init__()
 
-    def add_offer(self, gpu_name: str, num_gpus: int, geolocation: str, price: float) -> int:
+    def add_offer(
+        self, gpu_name: str, num_gpus: int, geolocation: str, price: float, disk_space=500.0
+    ) -> int:
         offer_id = self.new_id()
         self.offers.append(
             {
@@ -182,9 +249,14 @@ class FakeVast(FakeApi):
                 "dph_total": price,
                 "rentable": True,
                 "verified": True,
+                "disk_space": disk_space,
             }
         )
         return offer_id
+
+    def set_status(self, instance_id: int, status: str) -> None:
+        assert status in self.STATUSES, status
+        self.instances[instance_id]["actual_status"] = status
 
     def route(self, method, path, query, body):
         if method == "POST" and path == "/api/v0/bundles/":
@@ -210,11 +282,14 @@ class FakeVast(FakeApi):
                 return self.refuse_shape(f"{field}: an operator object such as {{'eq': ...}}")
         if query.get("type") not in ("on-demand", "ondemand", "bid", "reserved"):
             return self.refuse_shape("type: on-demand, bid or reserved")
+        # The disk filter, as vast.py's `launch instance` sends it: `disk_space>={disk}`.
+        min_disk = (query.get("disk_space") or {}).get("gte", 0)
         found = [
             o
             for o in self.offers
             if o["gpu_name"] == query["gpu_name"]["eq"]
             and o["num_gpus"] == query["num_gpus"]["eq"]
+            and o["disk_space"] >= min_disk
             and o["id"] not in self.taken
         ]
         found.sort(key=lambda o: o["dph_total"])
@@ -244,6 +319,10 @@ class FakeVast(FakeApi):
                 "error": "no_such_ask",
                 "msg": f"Instance type {offer_id} is no longer available.",
             }
+        # An offer's `disk_space` is the most an accept can ask for ("disk storage space, in
+        # GB", vast.py `search offers` fields); the CLI searches with `disk_space>={disk}`.
+        if body["disk"] > offer["disk_space"]:
+            return self.refuse_shape(f"disk: {body['disk']} GB is more than the offer's")
         self.taken.add(offer_id)
         instance_id = self.new_id()
         self.instances[instance_id] = {
@@ -255,13 +334,30 @@ class FakeVast(FakeApi):
             "onstart": body.get("onstart", ""),
             "image": body["image"],
         }
-        return 200, {"success": True, "new_contract": instance_id}
+        return self.lost.answer(200, {"success": True, "new_contract": instance_id})
 
 
 class FakeGcp(FakeApi):
     """https://cloud.google.com/compute/docs/reference/rest/v1/instances: insert, get, delete,
-    aggregatedList, with errors as Compute returns them (a 403 quota error; a stockout as the
-    insert operation's error). The tests' client is anonymous: no token is checked."""
+    aggregatedList, zoneOperations.get, with errors as Compute returns them (a 403 quota error; a
+    stockout as the insert operation's error). The tests' client is anonymous: no token is
+    checked. Each rule cites the page of Google's documentation it follows."""
+
+    # https://cloud.google.com/compute/docs/instances/instance-lifecycle: a VM's `status`.
+    STATUSES = (
+        "PROVISIONING",
+        "STAGING",
+        "RUNNING",
+        "STOPPING",
+        "STOPPED",
+        "SUSPENDING",
+        "SUSPENDED",
+        "REPAIRING",
+        "TERMINATED",
+    )
+    # https://cloud.google.com/compute/docs/instances/about-flex-start-vms: Flex-start VMs
+    # "can run for up to seven days".
+    FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600
 
     token = None
     PREFIX = r"/compute/v1/projects/(?P<project>[^/]+)"
@@ -272,11 +368,19 @@ class FakeGcp(FakeApi):
         self.quota_exceeded = False
         self.refuse_insert: tuple[int, dict] | None = None  # every insert answers this
         self.accelerators = [("us-east4-a", "nvidia-h100-80gb"), ("us-west1-a", "nvidia-a100-80gb")]
+        self.waiting: set[str] = set()  # zones where Flex-start keeps looking for the GPU
+        self.operations: dict[str, dict] = {}  # name -> operation
+        self.by_request_id: dict[str, dict] = {}  # an insert's requestId -> its operation
         super().__init__()
 
-    def operation(self, zone: str, error: str | None = None) -> dict:
+    def set_status(self, zone: str, name: str, status: str) -> None:
+        assert status in self.STATUSES, status
+        self.vms[(zone, name)]["status"] = status
+
+    def operation(self, zone: str, error: str | None = None, done: bool = True) -> dict:
         answer = {"kind": "compute#operation", "name": f"op-{self.new_id()}", "zone": zone}
-        answer["status"] = "DONE"
+        answer["status"] = "DONE" if done else "RUNNING"
+        self.operations[answer["name"]] = answer
         if error:
             answer["error"] = {
                 "errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": error}]
@@ -288,7 +392,24 @@ class FakeGcp(FakeApi):
     def route(self, method, path, query, body):
         match = re.fullmatch(self.PREFIX + r"/zones/(?P<zone>[^/]+)/instances", path)
         if match and method == "POST":
-            return self.insert(match["zone"], body or {})
+            # https://cloud.google.com/compute/docs/reference/rest/v1/instances/insert,
+            # `requestId`: a request sent again with the same id is answered with the first
+            # one's operation, not done twice.
+            request_id = query.get("requestId")
+            if request_id and request_id in self.by_request_id:
+                return 200, self.by_request_id[request_id]
+            result = self.insert(match["zone"], body or {})
+            if request_id and result is not DROP and result[0] == 200:
+                self.by_request_id[request_id] = result[1]
+            if result is not DROP and result[0] == 200 and result[1].get("status") == "DONE":
+                return self.lost.answer(*result) if not result[1].get("error") else result
+            return result
+        if match := re.fullmatch(
+            self.PREFIX + r"/zones/(?P<zone>[^/]+)/operations/(?P<name>[^/]+)", path
+        ):
+            if match["name"] not in self.operations:
+                return 404, {"error": {"code": 404, "message": f"no operation {match['name']}"}}
+            return 200, self.operations[match["name"]]
         if match := re.fullmatch(
             self.PREFIX + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)", path
         ):
@@ -328,12 +449,16 @@ class FakeGcp(FakeApi):
             return self.refuse_shape("machineType: zones/ZONE/machineTypes/TYPE")
         scheduling = body.get("scheduling", {})
         if scheduling.get("provisioningModel") == "FLEX_START" and (
-            scheduling.get("instanceTerminationAction") not in ("DELETE", "STOP")
-            or "maxRunDuration" not in scheduling
+            refusal := self.flex_start_refusal(body, scheduling)
         ):
-            return self.refuse_shape(
-                "FLEX_START needs instanceTerminationAction and maxRunDuration"
-            )
+            return self.refuse_shape(refusal)
+        # https://cloud.google.com/compute/docs/gpus/create-gpu-vm-accelerator-optimized: A3
+        # machine types require the gVNIC network interface.
+        machine = body["machineType"].rsplit("/", 1)[-1]
+        if machine.startswith("a3-") and not any(
+            n.get("nicType") == "GVNIC" for n in body.get("networkInterfaces", [])
+        ):
+            return self.refuse_shape("A3 machine types need a network interface with GVNIC")
         labels = body.get("labels", {})
         if not all(
             re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k) and re.fullmatch(r"[a-z0-9_-]{0,63}", v)
@@ -359,9 +484,29 @@ class FakeGcp(FakeApi):
                 f"The zone 'projects/p/zones/{zone}' does not have enough resources available "
                 "to fulfill the request.",
             )
+        if (zone, body["name"]) in self.vms:
+            return self.error(409, "alreadyExists", f"The resource '{body['name']}' already exists")
         vm = dict(body, status="PROVISIONING", zone=f"zones/{zone}", id=str(self.new_id()))
         self.vms[(zone, body["name"])] = vm
-        return 200, self.operation(zone)
+        # Flex-start holds the insert operation open while it looks for the GPU.
+        return 200, self.operation(zone, done=zone not in self.waiting)
+
+    def flex_start_refusal(self, body: dict, scheduling: dict) -> str | None:
+        """What GCP refuses in a Flex-start request, from
+        https://cloud.google.com/compute/docs/instances/create-flex-start-vm (the REST body) and
+        https://cloud.google.com/compute/docs/instances/about-flex-start-vms ("Requirements")."""
+        if scheduling.get("instanceTerminationAction") not in ("DELETE", "STOP"):
+            return "FLEX_START needs instanceTerminationAction DELETE or STOP"
+        seconds = int((scheduling.get("maxRunDuration") or {}).get("seconds", 0))
+        if not 0 < seconds <= self.FLEX_START_MAX_RUN_SECONDS:
+            return "FLEX_START needs a maxRunDuration of at most seven days"
+        if scheduling.get("onHostMaintenance") != "TERMINATE":
+            return "FLEX_START needs onHostMaintenance TERMINATE"
+        # Flex-start VMs consume no reservation: reservationAffinity NO_RESERVATION.
+        affinity = body.get("reservationAffinity") or {}
+        if affinity.get("consumeReservationType") != "NO_RESERVATION":
+            return "FLEX_START needs reservationAffinity.consumeReservationType NO_RESERVATION"
+        return None
 
     @staticmethod
     def error(status: int, reason: str, message: str) -> tuple[int, dict]:

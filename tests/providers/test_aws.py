@@ -310,3 +310,19 @@ def test_a_type_ec2_does_not_offer_in_a_zone_is_capacity_and_tries_the_next(
     assert tasks.provision_job(job_id=job.pk) == "launched"
     [instance] = instances(ec2_endpoint)
     assert instance["Placement"]["AvailabilityZone"] == ZONES[1]
+
+
+def test_a_launch_whose_answer_is_lost_runs_one_instance(
+    ec2, ec2_endpoint, api_client, sft_dataset
+):
+    """boto3 retries a RunInstances answered 503; its ClientToken makes EC2 answer the first
+    launch rather than start a second instance."""
+    ec2.lose_next_launch = True
+    job = submit_aws(api_client, sft_dataset)
+    tasks.provision_job(job_id=job.pk)
+    job.refresh_from_db()
+    assert job.status == "provisioning", (job.error_code, job.error_message)
+    [instance] = [i for i in instances(ec2_endpoint) if i["State"]["Name"] != "terminated"]
+    assert Instance.objects.get(job=job).external_id == f"us-east-1/{instance['InstanceId']}"
+    launches = ec2.calls("RunInstances")
+    assert len(launches) == 2 and launches[0]["ClientToken"] == launches[1]["ClientToken"]

@@ -138,6 +138,9 @@ def test_a_job_launched_on_ec2_runs_from_its_user_data_on_a_bare_machine(
     ).stdout
     assert installed.startswith(str(root / "venv"))  # the served wheel, not this checkout
     assert "[veri] worker exited with 0" in log
+    # Its last act: the control plane deletes it (with the worker's renewed token).
+    assert "[veri] release answered 200" in log
+    assert instances(ec2_endpoint)[0]["State"]["Name"] == "terminated"
 
 
 def test_a_worker_of_another_build_is_refused_at_registration(
@@ -169,6 +172,8 @@ def test_without_a_wheelhouse_or_an_index_the_bootstrap_fails_fast_as_provisioni
     assert (job.status, job.error_code) == ("failed", "provisioning_error"), log
     assert "no wheelhouse for this machine (CUDA none)" in job.error_message
     assert "VERI_WORKER_INDEX_URL" in job.error_message
+    assert "[veri] release answered 200" in log
+    assert instances(ec2_endpoint)[0]["State"]["Name"] == "terminated"
 
 
 def test_an_unreachable_wheelhouse_falls_back_to_the_configured_index(

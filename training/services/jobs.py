@@ -116,6 +116,27 @@ def terminate_instance(*, job: TrainingJob) -> None:
     )
 
 
+class JobNotEnded(Conflict):
+    code = "job_not_ended"
+
+
+def release_instance(*, job: TrainingJob) -> None:
+    """The machine of an ended job asks to be deleted, its last act: delete it through the
+    provider even when settling already did (a provider's delete of a gone machine is a no-op,
+    and one that asks is evidently still there), and stop its cost now if nothing had. A job
+    still running keeps its machine (409): the watchdog and settle decide its end."""
+    job = TrainingJob.objects.get(pk=job.pk)
+    if not job.is_terminal:
+        raise JobNotEnded(f"A {job.status} job keeps its machine; it is released when it ends.")
+    instance = Instance.objects.filter(job=job).first()
+    if instance is None or not instance.external_id:
+        return
+    get_adapter(instance.provider).terminate(instance.external_id)
+    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
+        terminated_at=timezone.now()
+    )
+
+
 def settle_job(*, job_id: int) -> bool:
     """A job reached a terminal state: close it out (machine, cost, log), charge it, credit or
     queue its refund, then stamp `settled_at`. Every step is idempotent, so a rerun (a settle task

@@ -61,7 +61,8 @@ def mint_job_token(*, job: TrainingJob) -> str:
     return _new_token(job, timezone.now())[0]
 
 
-def _live_token(raw: str, now) -> JobToken | None:
+def _unexpired_token(raw: str, now) -> JobToken | None:
+    """The token's row while it has not expired nor been replaced, whatever its job's status."""
     if not raw.startswith(TOKEN_PREFIX):
         return None
     row = (
@@ -69,9 +70,22 @@ def _live_token(raw: str, now) -> JobToken | None:
         .filter(token_hash=_hash(raw), expires_at__gt=now)
         .first()
     )
-    if row is None or not hmac.compare_digest(row.token_hash, _hash(raw)) or row.job.is_terminal:
+    if row is None or not hmac.compare_digest(row.token_hash, _hash(raw)):
         return None
     return row
+
+
+def _live_token(raw: str, now) -> JobToken | None:
+    row = _unexpired_token(raw, now)
+    return None if row is None or row.job.is_terminal else row
+
+
+def authenticate_release_token(*, raw: str) -> TrainingJob | None:
+    """The job of a token that has neither expired nor been replaced, also once the job has
+    ended: the one thing an ended job's machine may still ask is to be deleted. A relaunch
+    replaces the tokens, so an earlier run's machine cannot release the new one."""
+    row = _unexpired_token(raw, timezone.now())
+    return row.job if row else None
 
 
 def authenticate_job_token(*, raw: str) -> TrainingJob | None:

@@ -20,10 +20,19 @@ cat >"$root/env" <<'VERI_ENV'
 {% for name, value in env %}{{ name }}={{ value|shell }}
 {% endfor %}VERI_ENV
 set -a; . "$root/env"; set +a
+export VERI_TOKEN_FILE="$root/token"
 umask 022
 
 end_machine() {
-  # The control plane terminates the machine; if it cannot, the machine ends itself within
+  # The machine's last act: ask the control plane to delete it (POST …/release, honoured once
+  # the job has ended) with the job's current token, which the worker keeps in VERI_TOKEN_FILE
+  # as it renews it. A powered-off machine still bills on most providers; a deleted one does not.
+  local token
+  token="$(cat "$VERI_TOKEN_FILE" 2>/dev/null || true)"
+  curl -sS -o /dev/null -w "[veri] release answered %{http_code}\n" -m 30 --retry 4 \
+    --retry-delay 5 -X POST -H "Authorization: Bearer ${token:-$VERI_JOB_TOKEN}" \
+    "$api/v1/worker/jobs/$job/release" || echo "[veri] release failed"
+  # If the control plane cannot delete it, the machine ends itself within
   # {{ self_stop_minutes }} minutes rather than renting on.
   ${VERI_SHUTDOWN:-shutdown} -h +{{ self_stop_minutes }}
 }
@@ -53,7 +62,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } \
     || echo "[veri] could not install ${missing[*]}"
 fi
-command -v curl >/dev/null || { echo "[veri] no curl: cannot reach the control plane"; end_machine; exit 1; }
+command -v curl >/dev/null || { echo "[veri] no curl: cannot reach the control plane"; ${VERI_SHUTDOWN:-shutdown} -h now; exit 1; }
 
 # What to install: the control plane picks the wheelhouse for the CUDA version the driver offers.
 started=$(now)
