@@ -1,4 +1,4 @@
-"""How `/v1/schema` describes our two credentials, and the error answers every operation shares."""
+"""How `/v1/schema` describes our credentials, and the error answers every operation shares."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.views import SpectacularAPIView
@@ -15,7 +15,6 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
 class JobTokenScheme(OpenApiAuthenticationExtension):
     target_class = "training.worker_api.JobTokenAuthentication"
-    match_subclasses = True  # the release route's, which also takes an ended job's token
     name = "JobToken"
 
     def get_security_definition(self, auto_schema):
@@ -23,6 +22,18 @@ class JobTokenScheme(OpenApiAuthenticationExtension):
             "type": "http",
             "scheme": "bearer",
             "description": "The worker's job token (vjt_…), good for its own job only",
+        }
+
+
+class ReleaseTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "training.worker_api.ReleaseTokenAuthentication"
+    name = "ReleaseToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The job token of the machine's run, also after its job ended",
         }
 
 
