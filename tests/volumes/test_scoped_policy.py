@@ -171,50 +171,6 @@ def read_cases(store: S3Store) -> list[tuple[str, str, str, dict]]:
     return [("Allowed", *case) for case in allowed] + [("denied", *case) for case in denied]
 
 
-def write_cases(store: S3Store) -> list[tuple[str, str, str, dict]]:
-    """(expected, action, resource, context) for credentials writing the job's final model."""
-    own = arn(store, FINAL.key("adapter_model.safetensors"))
-    root = store.root
-    allowed = [
-        ("s3:PutObject", own, {}),  # also every part of a multipart upload, and its completion
-        ("s3:PutObject", arn(store, FINAL.key("nested/tokenizer.json")), {}),
-        ("s3:AbortMultipartUpload", own, {}),
-        ("s3:ListMultipartUploadParts", own, {}),
-        ("kms:GenerateDataKey", KMS_KEY, VIA_S3),
-        ("kms:Decrypt", KMS_KEY, VIA_S3),  # multipart uploads decrypt their data key
-    ]
-    sibling_job = keys.checkpoint_prefix(keys.job_prefix("ws_a", "job_10"), step=0, final=True)
-    denied = [
-        ("s3:PutObject", arn(store, keys.job_log_key(JOB)), {}),
-        ("s3:PutObject", arn(store, JOB.key("checkpoints/step-00000010/a.bin")), {}),
-        ("s3:PutObject", arn(store, JOB.key("final2/a.bin")), {}),
-        ("s3:PutObject", arn(store, FINAL.value.removesuffix("/")), {}),
-        ("s3:PutObject", arn(store, sibling_job.key("adapter_model.safetensors")), {}),
-        ("s3:PutObject", arn(store, VOLUME.key("a.txt")), {}),
-        ("s3:PutObject", arn(store, keys.job_prefix("ws_b", "job_1").key("final/a.bin")), {}),
-        ("s3:PutObject", f"arn:aws:s3:::{store.bucket}/a.bin", {}),
-        # No reading, not even back what it wrote, and no listing anywhere.
-        ("s3:GetObject", own, {}),
-        ("s3:GetObject", arn(store, VOLUME.key("a.txt")), {}),
-        ("s3:GetObjectVersion", own, {}),
-        ("s3:ListBucket", arn(store), listing(store, root + FINAL.value)),
-        ("s3:ListBucket", arn(store), listing(store, None)),
-        ("s3:ListBucketVersions", arn(store), listing(store, root + FINAL.value)),
-        ("s3:ListBucketMultipartUploads", arn(store), listing(store, root + FINAL.value)),
-        ("s3:ListMultipartUploadParts", arn(store, keys.job_log_key(JOB)), {}),
-        ("s3:AbortMultipartUpload", arn(store, keys.job_log_key(JOB)), {}),
-        # No deleting or rewriting what is stored some other way.
-        ("s3:DeleteObject", own, {}),
-        ("s3:DeleteObjectVersion", own, {}),
-        ("s3:PutObjectAcl", own, {}),
-        ("s3:PutBucketPolicy", arn(store), {}),
-        ("kms:GenerateDataKey", OTHER_KMS_KEY, VIA_S3),
-        ("kms:GenerateDataKey", KMS_KEY, {}),
-        ("kms:Encrypt", KMS_KEY, VIA_S3),
-    ]
-    return [("Allowed", *case) for case in allowed] + [("denied", *case) for case in denied]
-
-
 def assert_confined(policy: dict, cases: list[tuple[str, str, str, dict]]) -> None:
     decisions = evaluate(policy, [case[1:] for case in cases])
     wrong = [
@@ -234,23 +190,15 @@ def test_a_workers_read_credentials_reach_its_volume_and_nothing_else(s3):
     assert_confined(policy, read_cases(s3))
 
 
-def test_write_credentials_reach_the_jobs_output_folder_and_nothing_else(s3):
-    sent = sent_policies(s3)
-    s3.scoped_credentials(FINAL.value, ttl=1800, write=True)
-    [policy] = sent
-    assert_confined(policy, write_cases(s3))
-
-
 def test_without_a_kms_key_the_credentials_use_no_key(s3, settings):
     settings.VERI_STORE_KMS_KEY_ARN = ""
     sent = sent_policies(s3)
     s3.read_grant(VOLUME.value, [VOLUME.key("a.txt")], ttl=1800)
-    s3.scoped_credentials(FINAL.value, ttl=1800, write=True)
-    for policy in sent:
-        decisions = evaluate(
-            policy, [("kms:Decrypt", KMS_KEY, VIA_S3), ("kms:GenerateDataKey", KMS_KEY, VIA_S3)]
-        )
-        assert decisions == ["ImplicitlyDenied"] * 2
+    [policy] = sent
+    decisions = evaluate(
+        policy, [("kms:Decrypt", KMS_KEY, VIA_S3), ("kms:GenerateDataKey", KMS_KEY, VIA_S3)]
+    )
+    assert decisions == ["ImplicitlyDenied"] * 2
 
 
 def test_the_evaluator_tells_a_policy_that_leaks(s3):

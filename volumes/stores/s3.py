@@ -208,46 +208,45 @@ class S3Store(ObjectStore):
         credentials = self.scoped_credentials(prefix, ttl=ttl)
         return credentials, {key: {"key": self.full_key(key)} for key in keys}
 
-    def scoped_policy(self, prefix: str, *, write: bool) -> dict:
-        """An STS session policy: read-only (or write-only) on one prefix of the bucket. The
-        folder's trailing `/` is what keeps `vol_1` from reaching `vol_10`. With a KMS key
-        (`VERI_STORE_KMS_KEY_ARN`), that key alone, and only through S3: SSE-KMS objects need
-        kms:Decrypt to be read, and kms:GenerateDataKey (with Decrypt, for multipart) to be
-        written."""
+    def scoped_policy(self, prefix: str) -> dict:
+        """An STS session policy: read-only on one prefix of the bucket. The folder's trailing
+        `/` is what keeps `vol_1` from reaching `vol_10`. With a KMS key
+        (`VERI_STORE_KMS_KEY_ARN`), kms:Decrypt on that key alone, and only through S3, which
+        SSE-KMS objects need to be read. (Workers write through presigned PUTs, one per file,
+        with its sha256 signed in: no write credentials exist.)"""
         full = self.full_key(prefix, folder=True)
-        objects = f"arn:aws:s3:::{self.bucket}/{full}*"
-        if write:
-            actions = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
-            statements = [{"Effect": "Allow", "Action": actions, "Resource": [objects]}]
-        else:
-            statements = [
-                {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [objects]},
-                {
-                    "Effect": "Allow",
-                    "Action": ["s3:ListBucket"],
-                    "Resource": [f"arn:aws:s3:::{self.bucket}"],
-                    "Condition": {"StringLike": {"s3:prefix": [f"{full}*"]}},
-                },
-            ]
+        statements = [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": [f"arn:aws:s3:::{self.bucket}/{full}*"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": [f"arn:aws:s3:::{self.bucket}"],
+                "Condition": {"StringLike": {"s3:prefix": [f"{full}*"]}},
+            },
+        ]
         if key := settings.VERI_STORE_KMS_KEY_ARN:
             through_s3 = {"kms:ViaService": f"s3.{settings.AWS_REGION}.amazonaws.com"}
             statements.append(
                 {
                     "Effect": "Allow",
-                    "Action": ["kms:Decrypt", "kms:GenerateDataKey"] if write else ["kms:Decrypt"],
+                    "Action": ["kms:Decrypt"],
                     "Resource": [key],
                     "Condition": {"StringEquals": through_s3},
                 }
             )
         return {"Version": "2012-10-17", "Statement": statements}
 
-    def scoped_credentials(self, prefix: str, *, ttl: int = 1800, write: bool = False) -> dict:
-        """Short-lived credentials limited to `prefix` (read-only unless `write`)."""
+    def scoped_credentials(self, prefix: str, *, ttl: int = 1800) -> dict:
+        """Short-lived read-only credentials limited to `prefix`."""
         with _reaching():
             answer = self.sts.assume_role(
                 RoleArn=settings.VERI_STS_ROLE_ARN,
                 RoleSessionName=f"veri-{uuid.uuid4().hex[:16]}",
-                Policy=json.dumps(self.scoped_policy(prefix, write=write)),
+                Policy=json.dumps(self.scoped_policy(prefix)),
                 DurationSeconds=max(ttl, 900),  # STS's minimum
             )
         creds = answer["Credentials"]
