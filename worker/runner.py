@@ -364,6 +364,8 @@ class Runner:
             if found := check_hardware(device, world):
                 raise JobFailure(found.code, f"the hardware check failed: {found.message}")
             self.say(f"[veri] hardware check passed: {world} {device} rank(s), devices and link")
+        if problem := self.sandbox_problem(job):
+            raise JobFailure("hardware_error", f"this machine cannot run the job: {problem}")
         read_fd, write_fd = os.pipe()
         port = _free_port()
         self.enter_phase("training")  # customer code from here on
@@ -414,15 +416,38 @@ class Runner:
         extra = _rank_env(rank, world, port)
         if rank == 0:
             extra["VERI_EVENTS_FD"] = str(events_fd)
+        argv = [sys.executable, "-P", "-m", "worker.train", str(job_file)]
+        return self._sandboxed(argv, job, extra, (events_fd,) if rank == 0 else ())
+
+    def _sandboxed(
+        self, argv: list[str], job: dict, extra: dict, pass_fds: tuple[int, ...] = ()
+    ) -> subprocess.Popen:
         return sandbox.start(
-            [sys.executable, "-P", "-m", "worker.train", str(job_file)],
+            argv,
             job_id=self.job_id,
             home=self.home,
             readable=[self.work, self.mount_root, *filter(None, [sandbox.hub_cache()])],
             cuda=_device(job) == "cuda",
             env=sandbox.training_env(self.home, extra),
-            pass_fds=(events_fd,) if rank == 0 else (),
+            pass_fds=pass_fds,
         )
+
+    def sandbox_problem(self, job: dict) -> str | None:
+        """Why the sandbox customer code runs in cannot start on this machine (a container
+        that refuses user namespaces, say), found by starting it around nothing: the
+        platform's fault, never the training's."""
+        try:
+            probe = self._sandboxed([sys.executable, "-P", "-c", "pass"], job, {})
+            output, _ = probe.communicate(timeout=HARDWARE_CHECK_SECONDS)
+        except OSError as exc:
+            return f"the sandbox for customer code cannot start here: {exc}"
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            return f"the sandbox did not start within {HARDWARE_CHECK_SECONDS} s"
+        if probe.returncode:
+            text = output.decode(errors="replace").strip()[-500:]
+            return f"the sandbox for customer code cannot start here ({probe.returncode}): {text}"
+        return None
 
     def _kill_ranks(self) -> None:
         for rank in self.ranks:

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from worker import sandbox
 from worker.errors import JobFailure
 from worker.runner import Runner, _parse_event, check_hardware
 from worker.train import classify
@@ -121,3 +122,33 @@ def test_the_runner_takes_no_platform_code_from_the_training_process(tmp_path):
     assert runner._failure(honest, [1]).code == "oom"
     garbage = _parse_event('{"event": "checkpoint", "step": "../../etc"}')
     assert (garbage["event"], garbage["code"]) == ("error", "training_error")
+
+
+def test_a_sandbox_the_machine_refuses_is_a_hardware_error_before_any_customer_code(
+    tmp_path, monkeypatch
+):
+    """A machine whose kernel or container refuses the sandbox (Docker's default seccomp
+    profile refuses the user namespace bubblewrap needs) fails the job as the platform's fault,
+    never as the customer's training error. Without root the worker does not sandbox, and
+    training starts as a plain child (nothing to refuse)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n"
+    )
+    (fake / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    runner = offline_runner(tmp_path)
+    phases = []
+    runner.enter_phase = phases.append
+    runner.home.mkdir(parents=True)
+    problem = runner.sandbox_problem({"gpu_type": "cpu", "gpu_count": 1})
+    if not sandbox.isolated():
+        assert problem is None
+        return
+    assert "No permissions to create new namespace" in problem
+    with pytest.raises(JobFailure) as failed:
+        runner.train({"gpu_type": "cpu", "gpu_count": 1, "reward_source": ""})
+    assert failed.value.code == "hardware_error"
+    assert "the sandbox for customer code cannot start here" in failed.value.message
+    assert phases == ["hardware"]  # the training phase, customer code's, never began
