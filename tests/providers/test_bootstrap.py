@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 
 from providers import worker_dist
 from tests.conftest import fill_volume
@@ -36,20 +37,6 @@ def control_plane(ec2, billed, live_server, settings, local_store_url):
     settings.VERI_WORKER_INDEX_URL = ""
     settings.VERI_WORKER_PACKAGE = ""
     return live_server.url
-
-
-@pytest.fixture(scope="session")
-def cpu_wheelhouse(tmp_path_factory) -> Path:
-    """The worker's pinned dependencies for this machine (torch's CPU build), downloaded once."""
-    folder = tmp_path_factory.mktemp("wheelhouse")
-    command = [
-        *worker_dist.pip_download_command(python="3.11", backend="cpu", torch_index_url=None),
-        "--dest",
-        str(folder),
-        *worker_dist.worker_requirements(),
-    ]
-    subprocess.run(command, check=True)
-    return folder
 
 
 def launch(api_client, workspace, ec2_endpoint, **fields) -> tuple[TrainingJob, str]:
@@ -97,20 +84,15 @@ def boot(tmp_path, script: str, timeout: float = 600) -> tuple[int, str, Path]:
     return result.returncode, log + result.stderr.decode(), root
 
 
-def store_wheelhouse(folder: Path, backend: str = "cpu") -> None:
-    worker_dist.store_folder(
-        worker_dist.wheelhouse_folder("3.11", backend), [(w.name, w) for w in folder.glob("*.whl")]
-    )
-
-
 @pytest.mark.slow
 def test_a_job_launched_on_ec2_runs_from_its_user_data_on_a_bare_machine(
-    control_plane, api_client, workspace, ec2_endpoint, tiny_model, cpu_wheelhouse, tmp_path
+    control_plane, api_client, workspace, ec2_endpoint, tiny_model, tmp_path
 ):
     fill_volume(
         workspace, "models", {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir()}
     )
-    store_wheelhouse(cpu_wheelhouse)
+    # What an operator runs once (offline here: pip takes torch's CPU build from this disk).
+    call_command("worker_wheelhouse", "--backend", "cpu", "--torch-index-url", "")
     job, script = launch(api_client, workspace, ec2_endpoint, base_model="volume://models/tiny")
     assert job.status == "provisioning"
     # This machine has no GPU: the job trains on the CPU, as a `cpu` job of the local provider.
