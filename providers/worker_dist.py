@@ -210,7 +210,7 @@ def manifest(*, cuda: str, expires: int) -> str:
     python = settings.VERI_WORKER_PYTHON
     lines = [f"python {python}"]
     backends = backend_for(cuda)
-    chosen = next(((b, f) for b in backends if (f := wheelhouse(python, b))), None)
+    chosen = next(((b, f) for b in backends if (f := wheelhouse(python, b)) is not None), None)
     lines.append(f"backend {chosen[0] if chosen else 'none'}")
     if settings.VERI_WORKER_INDEX_URL:
         lines.append(f"index {settings.VERI_WORKER_INDEX_URL}")

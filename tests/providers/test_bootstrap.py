@@ -64,15 +64,25 @@ def launch(api_client, workspace, ec2_endpoint, **fields) -> tuple[TrainingJob, 
     return job, base64.b64decode(user_data).decode()
 
 
-def boot(tmp_path, script: str, timeout: float = 600) -> tuple[int, str, Path]:
-    """Run the user-data as a machine's first boot would: (exit status, its log, its root)."""
+def boot(tmp_path, script: str, timeout: float = 600, gpu_driver_cuda: str = "") -> tuple:
+    """Run the user-data as a machine's first boot would: (exit status, its log, its root).
+    With `gpu_driver_cuda`, an `nvidia-smi` reports a driver supporting that CUDA version."""
     root, home = tmp_path / "machine", tmp_path / "home"
     home.mkdir()
     fake_shutdown = tmp_path / "shutdown"
     fake_shutdown.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "shutdown-called"}\n')
     fake_shutdown.chmod(0o755)
+    path = SYSTEM_PATH
+    if gpu_driver_cuda:
+        (tmp_path / "driver").mkdir()
+        smi = tmp_path / "driver" / "nvidia-smi"
+        smi.write_text(
+            f'#!/bin/sh\necho "| NVIDIA-SMI 550.54.15  CUDA Version: {gpu_driver_cuda} |"\n'
+        )
+        smi.chmod(0o755)
+        path = f"{smi.parent}:{path}"
     env = {
-        "PATH": SYSTEM_PATH,
+        "PATH": path,
         "HOME": str(home),
         "VERI_ROOT": str(root),
         "VERI_SHUTDOWN": str(fake_shutdown),
@@ -146,13 +156,16 @@ def test_a_worker_of_another_build_is_refused_at_registration(
 def test_without_a_wheelhouse_or_an_index_the_bootstrap_fails_fast_as_provisioning_error(
     control_plane, api_client, workspace, ec2_endpoint, tmp_path
 ):
+    """Here the driver supports CUDA 12.4 and the control plane stores only a CPU wheelhouse,
+    which a GPU machine must not take."""
+    worker_dist.store_folder(worker_dist.wheelhouse_folder("3.11", "cpu"), [])
     job, script = launch(api_client, workspace, ec2_endpoint)
     started = time.monotonic()
-    status, log, _ = boot(tmp_path, script, timeout=120)
+    status, log, _ = boot(tmp_path, script, timeout=120, gpu_driver_cuda="12.4")
     assert status == 1 and time.monotonic() - started < 60, log
     job.refresh_from_db()
     assert (job.status, job.error_code) == ("failed", "provisioning_error"), log
-    assert "no wheelhouse for this machine (CUDA none)" in job.error_message
+    assert "no wheelhouse for this machine (CUDA 12.4)" in job.error_message
     assert "VERI_WORKER_INDEX_URL" in job.error_message
     assert "[veri] release answered 200" in log
     assert instances(ec2_endpoint)[0]["State"]["Name"] == "terminated"
@@ -208,3 +221,30 @@ def stand_in_worker_index(folder: Path) -> None:
         z.writestr(f"{info}/RECORD", "")
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     (project / "index.html").write_text(f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>')
+
+
+def test_the_control_plane_picks_the_newest_wheelhouse_the_driver_supports(
+    control_plane, api_client, workspace, ec2_endpoint
+):
+    for backend in ("cpu", "cu121", "cu128"):
+        worker_dist.store_folder(worker_dist.wheelhouse_folder("3.11", backend), [])
+    job, _ = launch(api_client, workspace, ec2_endpoint)
+    worker = worker_client(job)
+
+    def backend_for(cuda: str) -> str:
+        answer = worker.get(f"/v1/worker/jobs/{job.public_id}/bootstrap", {"cuda": cuda})
+        assert answer.status_code == 200, answer.content
+        lines = answer.content.decode().splitlines()
+        assert lines[0] == "python 3.11"
+        assert [line.split()[1] for line in lines if line.startswith("file ")][:2] == [
+            "uv",
+            "worker",
+        ]
+        return lines[1]
+
+    assert backend_for("") == "backend cpu"  # no GPU
+    assert backend_for("12.4") == "backend cu121"
+    assert backend_for("13.0") == "backend cu128"
+    assert backend_for("11.7") == "backend none"  # older than every stored build
+    refused = worker.get(f"/v1/worker/jobs/{job.public_id}/bootstrap", {"cuda": "12.4; rm"})
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "cuda"
