@@ -16,25 +16,16 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 class JobTokenScheme(OpenApiAuthenticationExtension):
     target_class = "training.worker_api.JobTokenAuthentication"
     name = "JobToken"
+    description = "The worker's job token (vjt_…), good for its own job only"
 
     def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "The worker's job token (vjt_…), good for its own job only",
-        }
+        return {"type": "http", "scheme": "bearer", "description": self.description}
 
 
-class ReleaseTokenScheme(OpenApiAuthenticationExtension):
+class ReleaseTokenScheme(JobTokenScheme):
     target_class = "training.worker_api.ReleaseTokenAuthentication"
     name = "ReleaseToken"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "The job token of the machine's run, also after its job ended",
-        }
+    description = "The job token of the machine's run, also after its job ended"
 
 
 ERROR_SCHEMA = {

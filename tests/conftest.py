@@ -311,3 +311,26 @@ def fill_volume(workspace, name: str, files: dict[str, bytes]):
     )
     volume.refresh_from_db()
     return volume
+
+
+@pytest.fixture
+def no_sts(settings, s3_store_url) -> list[str]:
+    """The S3 store with no role to assume (deploy.md's store without STS), its STS endpoint
+    unreachable. Returns the STS operations anything tried (none, if all is well)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from volumes.stores import S3Store, get_store
+
+    settings.VERI_STORE = s3_store_url
+    settings.VERI_STS_ROLE_ARN = ""
+    store = get_store()
+    assert isinstance(store, S3Store)
+    tried: list[str] = []
+
+    def unreachable(model, **kwargs):
+        tried.append(model.name)
+        raise EndpointConnectionError(endpoint_url="https://sts.unreachable.invalid")
+
+    store.sts.meta.events.register("before-call.sts", unreachable)
+    yield tried
+    store.sts.meta.events.unregister("before-call.sts", unreachable)

@@ -50,11 +50,13 @@ def bearer_token(request: Request) -> str | None:
 
 
 class JobTokenAuthentication(authentication.BaseAuthentication):
+    job_for_token = staticmethod(worker_services.authenticate_job_token)
+
     def authenticate(self, request: Request):
         raw = bearer_token(request)
         if raw is None:
             return None
-        job = worker_services.authenticate_job_token(raw=raw)
+        job = self.job_for_token(raw=raw)
         if job is None:
             raise exceptions.AuthenticationFailed(DEAD_TOKEN)
         return None, job
@@ -66,14 +68,7 @@ class JobTokenAuthentication(authentication.BaseAuthentication):
 class ReleaseTokenAuthentication(JobTokenAuthentication):
     """A job token that is still this run's, also once its job has ended (release only)."""
 
-    def authenticate(self, request: Request):
-        raw = bearer_token(request)
-        if raw is None:
-            return None
-        job = worker_services.authenticate_release_token(raw=raw)
-        if job is None:
-            raise exceptions.AuthenticationFailed(DEAD_TOKEN)
-        return None, job
+    job_for_token = staticmethod(worker_services.authenticate_release_token)
 
 
 class HasJobToken(permissions.BasePermission):

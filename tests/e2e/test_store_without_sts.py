@@ -3,7 +3,6 @@ through presigned GET URLs and uploads its checkpoints and final model through p
 and nothing asks STS for credentials."""
 
 import pytest
-from botocore.exceptions import EndpointConnectionError
 
 from billing.services import open_billing_account
 from tests.conftest import fill_volume
@@ -15,25 +14,13 @@ from tests.e2e.test_training import (
     submit,
     wait_settled,
 )
-from volumes.stores import S3Store, get_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
 
 def test_a_real_job_trains_on_an_s3_store_without_sts(
-    api_client, workspace, live_server, qcluster, settings, tmp_path, s3_store_url, tiny_model
+    api_client, workspace, live_server, qcluster, tmp_path, no_sts, tiny_model
 ):
-    settings.VERI_STORE = s3_store_url
-    settings.VERI_STS_ROLE_ARN = ""  # the store has no STS: no role to assume
-    store = get_store()
-    assert isinstance(store, S3Store)
-    tried: list[str] = []
-
-    def unreachable(model, **kwargs):
-        tried.append(model.name)
-        raise EndpointConnectionError(endpoint_url="https://sts.unreachable.invalid")
-
-    store.sts.meta.events.register("before-call.sts", unreachable)
     open_billing_account(workspace=workspace, credit_micros=100_000_000)
     fill_volume(
         workspace,
@@ -60,4 +47,4 @@ def test_a_real_job_trains_on_an_s3_store_without_sts(
     checkpoints = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
     assert any(not c["final"] for c in checkpoints)
     assert_loads_and_generates(download_final(api_client, job_id, tmp_path / "final"), tiny_model)
-    assert tried == []
+    assert no_sts == []

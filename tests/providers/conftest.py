@@ -67,3 +67,18 @@ def ec2_client(endpoint: str):
 def instances(endpoint: str) -> list[dict]:
     answer = ec2_client(endpoint).describe_instances()
     return [i for r in answer["Reservations"] for i in r["Instances"]]
+
+
+def submit_aws(api_client, dataset, **fields) -> TrainingJob:
+    body = {
+        "base_model": "Qwen/Qwen2.5-0.5B",
+        "dataset_id": dataset["id"],
+        "method": "sft_text",
+        "provider": "aws",
+        "gpu_type": "L4-24GB",
+        "region": "us-east-1",
+        "hyperparameters": {"max_steps": 5},
+    } | fields
+    response = api_client.post("/v1/training_jobs", body, format="json")
+    assert response.status_code == 201, response.json()
+    return TrainingJob.objects.get(public_id=response.json()["id"])

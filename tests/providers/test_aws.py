@@ -16,28 +16,19 @@ from providers import services as provider_services
 from providers.aws import DEPLOYMENT_TAG, JOB_TAG
 from providers.models import Instance, LaunchAttempt
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real task cluster
-from tests.providers.conftest import ZONES, assert_provisioning_error, ec2_client, instances
+from tests.providers.conftest import (
+    ZONES,
+    assert_provisioning_error,
+    ec2_client,
+    instances,
+    submit_aws,
+)
 from tests.training.conftest import upload_dataset
 from training import tasks
 from training.models import TrainingJob
 from veri.services import deployment_id
 
 pytestmark = pytest.mark.django_db
-
-
-def submit_aws(api_client, dataset, **fields) -> TrainingJob:
-    body = {
-        "base_model": "Qwen/Qwen2.5-0.5B",
-        "dataset_id": dataset["id"],
-        "method": "sft_text",
-        "provider": "aws",
-        "gpu_type": "L4-24GB",
-        "region": "us-east-1",
-        "hyperparameters": {"max_steps": 5},
-    } | fields
-    response = api_client.post("/v1/training_jobs", body, format="json")
-    assert response.status_code == 201, response.json()
-    return TrainingJob.objects.get(public_id=response.json()["id"])
 
 
 @pytest.fixture

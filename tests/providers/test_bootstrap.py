@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from providers import worker_dist
 from tests.conftest import fill_volume
-from tests.providers.conftest import ec2_client, instances
+from tests.providers.conftest import ec2_client, instances, submit_aws
 from tests.training.conftest import upload_dataset, worker_client
 from training import tasks
 from training.models import JobEvent, TrainingJob
@@ -41,20 +41,11 @@ def control_plane(ec2, billed, live_server, settings, local_store_url):
 
 def launch(api_client, workspace, ec2_endpoint, **fields) -> tuple[TrainingJob, str]:
     """Submit an SFT job on the tiny model and launch it on EC2: (the job, its user-data)."""
-    dataset = upload_dataset(api_client, SFT_ROWS)
-    body = {
-        "base_model": "Qwen/Qwen2.5-0.5B",
-        "dataset_id": dataset["id"],
-        "method": "sft_text",
-        "provider": "aws",
-        "gpu_type": "L4-24GB",
-        "region": "us-east-1",
+    fields = {
         "hyperparameters": {"max_steps": 4, "batch_size": 4, "max_seq_length": 64},
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
     } | fields
-    answer = api_client.post("/v1/training_jobs", body, format="json")
-    assert answer.status_code == 201, answer.json()
-    job = TrainingJob.objects.get(public_id=answer.json()["id"])
+    job = submit_aws(api_client, upload_dataset(api_client, SFT_ROWS), **fields)
     assert tasks.provision_job(job_id=job.pk) == "launched"
     job.refresh_from_db()
     [instance] = instances(ec2_endpoint)

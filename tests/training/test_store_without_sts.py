@@ -9,7 +9,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from botocore.exceptions import EndpointConnectionError
 
 from tests.conftest import s3_client
 from training import tasks
@@ -17,7 +16,7 @@ from training.models import Checkpoint
 from training.services.worker import mint_job_token
 from volumes import services as volume_services
 from volumes.models import Upload, Volume
-from volumes.stores import S3Store, get_store
+from volumes.stores import get_store
 from worker.client import ControlPlane
 from worker.errors import JobFailure
 from worker.volumes import mount_volumes, sync_volume
@@ -26,23 +25,10 @@ FILES = {"a.txt": b"alpha", "data/train.jsonl": b'{"text": "hello"}\n' * 200}
 
 
 @pytest.fixture
-def no_sts(dataset, settings, s3_store_url) -> list[str]:
-    """The S3 store with no role to assume, as deploy.md configures one without STS; its STS
-    endpoint unreachable. Returns the STS operations anything tried (none, if all is well).
-    (After `dataset`, which puts the job's dataset in a local store of its own.)"""
-    settings.VERI_STORE = s3_store_url
-    settings.VERI_STS_ROLE_ARN = ""
-    store = get_store()
-    assert isinstance(store, S3Store)
-    tried: list[str] = []
-
-    def unreachable(model, **kwargs):
-        tried.append(model.name)
-        raise EndpointConnectionError(endpoint_url="https://sts.unreachable.invalid")
-
-    store.sts.meta.events.register("before-call.sts", unreachable)
-    yield tried
-    store.sts.meta.events.unregister("before-call.sts", unreachable)
+def no_sts(dataset, no_sts) -> list[str]:
+    """tests/conftest.py's store without STS, set after `dataset` (which puts the job's dataset
+    in a local store of its own)."""
+    return no_sts
 
 
 def upload_volume(workspace, name: str, files: dict[str, bytes]) -> Volume:
