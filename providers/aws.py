@@ -151,6 +151,8 @@ class AwsProvider(ProviderAdapter):
                 # boto3 retries a RunInstances whose answer was lost; the same client token
                 # makes EC2 answer the first request's instance instead of launching a second
                 # (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html).
+                # botocore would fill one in (an `idempotencyToken` in EC2's service model);
+                # naming it here keeps the guarantee from resting on that.
                 ClientToken=str(uuid.uuid4()),
                 ImageId=image,
                 InstanceType=kind,

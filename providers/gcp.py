@@ -65,7 +65,8 @@ def instance_name(job_id: str) -> str:
 
 class GcpProvider(ProviderAdapter):
     name = "gcp"
-    # A VM that GCP took back after this long reached Flex-start's limit (the watchdog's verdict).
+    # A VM that GCP took back after this long reached the run duration Veri asked for (the
+    # watchdog's verdict), not a limit of Flex-start's own, which allows up to seven days.
     max_run_seconds = MAX_RUN_SECONDS
     waits_for_capacity = True  # Flex-start finds the GPU within about 15 minutes
 

@@ -27,11 +27,12 @@ ZONE_COUNTRIES = {
     "vast-eu": {"DE", "FR", "NL", "SE", "NO", "FI", "PL", "ES", "IT", "CZ", "GB", "IE", "BE"},
 }
 # An instance's `actual_status` (vast-ai/vast-cli, vastai/SKILL.md, "Instance status values"):
-# created, loading, running, stopped ("disk charges only"), frozen, exited, rebooting, unknown,
-# offline. "Storage charges begin at creation" and a stopped instance keeps paying for its disk
-# until it is destroyed (SKILL.md, "Interruptible (spot) rentals"; `vastai destroy instance`
-# "stops all billing"), and a container cannot end its own rental. So the sweeper destroys an
-# instance in any status but "destroyed"; only these run no worker:
+# null (provisioning), created, loading, running, stopped ("disk charges only"), frozen, exited,
+# rebooting, unknown, offline; vast.py reads a destroyed one as "destroyed". "Storage charges
+# begin at creation" and a stopped instance keeps paying for its disk until it is destroyed
+# (SKILL.md, "Interruptible (spot) rentals"; `vastai destroy instance` "stops all billing"),
+# and a container cannot end its own rental. So the sweeper destroys an instance in any
+# status but "destroyed"; only these run no worker:
 STOPPED = {"exited", "offline", "stopped", "destroyed"}
 DESTROYED = "destroyed"
 OFFERS_TRIED = 3  # an offer taken by someone else between search and accept: try the next

@@ -1,10 +1,13 @@
 """A real HTTP proxy in front of moto's EC2 that refuses chosen launches the way EC2 does (an
-error document with EC2's code) and records every action asked of it."""
+error document with EC2's code), reports the lifecycle states moto skips, and records every
+action asked of it."""
 
 import json
+import re
 import threading
+import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 from xml.sax.saxutils import escape
 
 import httpx
@@ -13,6 +16,17 @@ ERROR = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
     "<Message>{message}</Message></Error></Errors><RequestID>injected</RequestID></Response>"
 )
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15"
+# An instance's state name and code, as DescribeInstances reports them
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_InstanceState.html, `Code`).
+STATE_CODES = {
+    "pending": 0,
+    "running": 16,
+    "shutting-down": 32,
+    "terminated": 48,
+    "stopping": 64,
+    "stopped": 80,
+}
 
 
 class Ec2Proxy:
@@ -28,6 +42,13 @@ class Ec2Proxy:
         # ec2-api-idempotency.html): a RunInstances repeating a ClientToken is answered with the
         # first one's result, launching nothing. moto records the token but launches again.
         self.by_client_token: dict[str, tuple[int, bytes, str | None]] = {}
+        # instance id -> the state DescribeInstances reports for it. moto moves an instance
+        # between running, stopped and terminated at once; EC2's transitional states (pending,
+        # stopping, shutting-down) are reported here, over moto's, and an `instance-state-name`
+        # filter is applied to them as EC2 applies it (API_DescribeInstances.html, "Filters").
+        # A TerminateInstances ends the override: EC2 then moves the instance towards
+        # terminated, which moto reports.
+        self.states: dict[str, str] = {}
         self.lock = threading.Lock()
         proxy = self
 
@@ -61,6 +82,13 @@ class Ec2Proxy:
         fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         with self.lock:
             self.actions.append(fields)
+        wanted_states = None
+        if fields.get("Action") == "DescribeInstances" and self.states:
+            body, wanted_states = self._without_state_filter(fields)
+        if fields.get("Action") == "TerminateInstances":
+            for key, value in fields.items():
+                if key.startswith("InstanceId."):
+                    self.states.pop(value, None)
         zone = fields.get("Placement.AvailabilityZone", "")
         if fields.get("Action") == "RunInstances" and zone in self.refusals:
             refusal = self.refusals[zone]
@@ -79,6 +107,8 @@ class Ec2Proxy:
             request.command, self.upstream + request.path, headers=headers, content=body, timeout=60
         )
         result = (answer.status_code, answer.content, answer.headers.get("content-type"))
+        if fields.get("Action") == "DescribeInstances" and self.states and answer.is_success:
+            result = (answer.status_code, self._reported(answer.content, wanted_states), result[2])
         if token and answer.status_code == 200:
             self.by_client_token[token] = result
         if fields.get("Action") == "RunInstances" and self.lose_next_launch:
@@ -87,6 +117,50 @@ class Ec2Proxy:
             self._answer(request, 503, payload, "text/xml")
             return
         self._answer(request, *result)
+
+    @staticmethod
+    def _without_state_filter(fields: dict) -> tuple[bytes, set[str] | None]:
+        """The DescribeInstances request without its `instance-state-name` filter (applied
+        here instead, to the states reported), and that filter's values (None: no filter)."""
+        filters: dict[str, dict[str, str]] = {}
+        rest = {}
+        for key, value in fields.items():
+            if match := re.fullmatch(r"Filter\.(\d+)\.(.+)", key):
+                filters.setdefault(match[1], {})[match[2]] = value
+            else:
+                rest[key] = value
+        wanted = None
+        kept = []
+        for _, parts in sorted(filters.items(), key=lambda item: int(item[0])):
+            values = {v for k, v in parts.items() if k.startswith("Value.")}
+            if parts.get("Name") == "instance-state-name":
+                wanted = values
+            else:
+                kept.append(parts)
+        for n, parts in enumerate(kept, start=1):  # moto reads Filter.1, Filter.2, ... in turn
+            rest |= {f"Filter.{n}.{k}": v for k, v in parts.items()}
+        return urlencode(rest).encode(), wanted
+
+    def _reported(self, document: bytes, wanted: set[str] | None) -> bytes:
+        """moto's DescribeInstances answer with the overridden states, and without the instances
+        whose state the request's `instance-state-name` filter leaves out."""
+        ET.register_namespace("", EC2_NS)
+        ns = {"ec2": EC2_NS}
+        root = ET.fromstring(document)
+        reservations = root.find("ec2:reservationSet", ns)
+        for reservation in list(reservations):
+            instances = reservation.find("ec2:instancesSet", ns)
+            for instance in list(instances):
+                state = instance.find("ec2:instanceState", ns)
+                name = self.states.get(instance.findtext("ec2:instanceId", "", ns))
+                if name is not None:
+                    state.find("ec2:name", ns).text = name
+                    state.find("ec2:code", ns).text = str(STATE_CODES[name])
+                if wanted is not None and state.findtext("ec2:name", "", ns) not in wanted:
+                    instances.remove(instance)
+            if not len(instances):
+                reservations.remove(reservation)
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
     @staticmethod
     def _answer(request, status: int, payload: bytes, content_type: str | None) -> None:

@@ -160,10 +160,13 @@ class FakeDigitalOcean(FakeApi):
         return 200, {"droplets": found, "links": {}, "meta": {"total": len(found)}}
 
     def create(self, body):
-        required = {"name": str, "region": str, "size": str, "image": str}
-        for field, kind in required.items():
-            if not isinstance((body or {}).get(field), kind):
+        # spec: droplets/models/droplet_single_create.yml `required: [name]`, and
+        # droplet_create.yml `required: [size, image]` (`region` is optional; Veri sends it).
+        for field in ("name", "size", "image"):
+            if not isinstance((body or {}).get(field), str):
                 return self.refuse_shape(f"{field} is required")
+        if not isinstance(body.get("region", ""), str):
+            return self.refuse_shape("region: a region slug")
         # spec: droplets/models/droplet_single_create.yml, `name.pattern`.
         if not re.fullmatch(r"[a-zA-Z0-9]?[a-z0-9A-Z.\-]*[a-z0-9A-Z]", body["name"]):
             return self.refuse_shape("name: only letters, digits, dots and dashes")
@@ -178,7 +181,7 @@ class FakeDigitalOcean(FakeApi):
             or len(body.get("user_data", "")) > 64 * 1024
         ):
             return self.refuse_shape("user_data: a string of at most 64 KiB")
-        if refusal := self.refusals.get(body["region"]):
+        if refusal := self.refusals.get(body.get("region", "")):
             status, error_id, message = (
                 refusal if isinstance(refusal, tuple) else (422, "unprocessable_entity", refusal)
             )
@@ -188,7 +191,7 @@ class FakeDigitalOcean(FakeApi):
             "name": body["name"],
             "status": "new",
             "size_slug": body["size"],
-            "region": {"slug": body["region"]},
+            "region": {"slug": body.get("region", "")},
             "image": {"slug": body["image"]},
             "tags": tags,
             "user_data": body.get("user_data", ""),
@@ -208,8 +211,9 @@ class FakeVast(FakeApi):
     `{"success": false, "error": "<code>", "msg": "<text>"}`. Rules cite the official CLI
     (github.com/vast-ai/vast-cli, `vast.py` and `vastai/SKILL.md`)."""
 
-    # vastai/SKILL.md, "Instance status values" (`actual_status`), plus "destroyed".
+    # vastai/SKILL.md, "Instance status values" (`actual_status`; null while provisioning).
     STATUSES = (
+        None,
         "created",
         "loading",
         "running",
@@ -254,8 +258,12 @@ class FakeVast(FakeApi):
         )
         return offer_id
 
-    def set_status(self, instance_id: int, status: str) -> None:
-        assert status in self.STATUSES, status
+    # A destroyed instance, as vast.py reads one (`status in ['destroyed', 'terminated',
+    # 'offline']` after `destroy instance`): no longer billed.
+    DESTROYED = "destroyed"
+
+    def set_status(self, instance_id: int, status: str | None) -> None:
+        assert status in self.STATUSES or status == self.DESTROYED, status
         self.instances[instance_id]["actual_status"] = status
 
     def route(self, method, path, query, body):
@@ -277,6 +285,9 @@ class FakeVast(FakeApi):
         return 404, {"success": False, "error": f"no route {method} {path}"}
 
     def search(self, query):
+        # vast.py `parse_query`: each field's filter is an operator object ({"eq": ...},
+        # {"gte": ...}); `search offers` always sends `rentable` and its `--type` on-demand,
+        # reserved or bid (interruptible).
         for field in ("gpu_name", "num_gpus", "rentable"):
             if not isinstance(query.get(field), dict) or "eq" not in query[field]:
                 return self.refuse_shape(f"{field}: an operator object such as {{'eq': ...}}")
@@ -296,6 +307,9 @@ class FakeVast(FakeApi):
         return 200, {"offers": found[: query.get("limit", 64)]}
 
     def accept(self, offer_id, body):
+        # vast.py `create instance`: PUT asks/{id}/ with `image`, `disk` (GB, a float),
+        # `onstart` (the commands, as text) and a `runtype` from `get_runtype` (ssh, jupyter,
+        # args, ...; Veri sends ssh).
         if not isinstance(body.get("image"), str) or not body["image"]:
             return self.refuse_shape("image is required")
         if not isinstance(body.get("disk"), int | float):
@@ -443,6 +457,9 @@ class FakeGcp(FakeApi):
         return 404, {"error": {"code": 404, "message": f"no route {method} {path}"}}
 
     def insert(self, zone, body):
+        # https://cloud.google.com/compute/docs/reference/rest/v1/instances, `name`: 1-63
+        # characters matching [a-z]([-a-z0-9]*[a-z0-9])?; `machineType`: a partial URL
+        # zones/ZONE/machineTypes/TYPE.
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", body.get("name", "")):
             return self.refuse_shape("name: a lower-case RFC 1035 label")
         if not body.get("machineType", "").startswith(f"zones/{zone}/machineTypes/"):
@@ -459,12 +476,17 @@ class FakeGcp(FakeApi):
             n.get("nicType") == "GVNIC" for n in body.get("networkInterfaces", [])
         ):
             return self.refuse_shape("A3 machine types need a network interface with GVNIC")
+        # https://cloud.google.com/compute/docs/labeling-resources, "Requirements for labels":
+        # keys start with a lower-case letter; keys and values at most 63 lower-case letters,
+        # digits, dashes and underscores.
         labels = body.get("labels", {})
         if not all(
             re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k) and re.fullmatch(r"[a-z0-9_-]{0,63}", v)
             for k, v in labels.items()
         ):
             return self.refuse_shape("labels: lower-case keys and values")
+        # Not from GCP's documents: a guard that the tests' requests carry a boot disk and a
+        # network, as every VM Veri launches needs (it refuses more than GCP, never less).
         if not body.get("disks") or not body.get("networkInterfaces"):
             return self.refuse_shape("disks and networkInterfaces are required")
         if self.refuse_insert:

@@ -1,7 +1,8 @@
 """The AWS adapter against moto's EC2 in server mode (a moto server of this module's own),
 behind a proxy that refuses chosen launches with EC2's own error codes: jobs launch tagged
 instances with the worker's bootstrap, move to the next zone when one has no capacity, fail with
-the catalog's codes, terminate exactly once, and the sweeper ends machines no live job owns."""
+the catalog's codes, terminate exactly once, and the sweeper ends machines no live job owns in
+every state EC2 still bills."""
 
 import base64
 import os
@@ -131,6 +132,19 @@ def test_refusals_in_every_zone_fail_with_the_catalogs_code_and_bill_nothing(
         assert "or use:" in body["error"]["message"]
 
 
+def launch_tagged(endpoint: str, job_id: str, deployment: str) -> str:
+    """An instance tagged as Veri tags one, launched straight on moto (not by Veri)."""
+    tags = [{"Key": JOB_TAG, "Value": job_id}, {"Key": DEPLOYMENT_TAG, "Value": deployment}]
+    answer = ec2_client(endpoint).run_instances(
+        ImageId="ami-0123456789abcdef0",
+        InstanceType="g6.xlarge",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return answer["Instances"][0]["InstanceId"]
+
+
 def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     ec2, api_client, sft_dataset, ec2_endpoint
 ):
@@ -140,22 +154,10 @@ def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     tasks.provision_job(job_id=ended.pk)
     # The job ended, but its machine was left running (a terminate that never reached EC2).
     TrainingJob.objects.filter(pk=ended.pk).update(status="failed", error_code="worker_failed")
-    client = ec2_client(ec2_endpoint)
-
-    def launch_tagged(job_id: str, deployment: str) -> str:
-        tags = [{"Key": JOB_TAG, "Value": job_id}, {"Key": DEPLOYMENT_TAG, "Value": deployment}]
-        answer = client.run_instances(
-            ImageId="ami-0123456789abcdef0",
-            InstanceType="g6.xlarge",
-            MinCount=1,
-            MaxCount=1,
-            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
-        )
-        return answer["Instances"][0]["InstanceId"]
-
-    unknown = launch_tagged("job_neverexisted", deployment_id())
-    duplicate = launch_tagged(live.public_id, deployment_id())  # a second machine for a live job
-    someone_elses = launch_tagged("job_theirs", "another-deployment")
+    unknown = launch_tagged(ec2_endpoint, "job_neverexisted", deployment_id())
+    # a second machine for a live job
+    duplicate = launch_tagged(ec2_endpoint, live.public_id, deployment_id())
+    someone_elses = launch_tagged(ec2_endpoint, "job_theirs", "another-deployment")
     swept = provider_services.sweep_orphans()
     ended_id = Instance.objects.get(job=ended).external_id
     assert sorted(swept) == sorted([ended_id, f"us-east-1/{unknown}", f"us-east-1/{duplicate}"])
@@ -164,6 +166,54 @@ def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     assert states[live_id] == "running" and states[someone_elses] == "running"
     assert Instance.objects.get(job=ended).terminated_at is not None
     assert provider_services.sweep_orphans() == []  # nothing left to sweep
+
+
+@pytest.mark.parametrize(
+    ("state", "bills", "alive"),
+    [
+        ("pending", True, True),
+        ("running", True, True),
+        ("stopping", True, False),
+        ("stopped", True, False),
+        ("shutting-down", False, False),
+        ("terminated", False, False),
+    ],
+)
+def test_an_instance_of_an_ended_or_unknown_job_is_terminated_in_every_state_ec2_bills(
+    ec2, api_client, sft_dataset, ec2_endpoint, state, bills, alive
+):
+    """A stopped or stopping instance still pays for its EBS volumes
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html, "Instance
+    states"): the sweeper terminates it like a running one. Shutting-down and terminated ones
+    bill no more and are ending on their own: left alone. Only pending and running instances run
+    a worker (alive for the watchdog)."""
+    job = submit_aws(api_client, sft_dataset)
+    assert tasks.provision_job(job_id=job.pk) == "launched"
+    ended = Instance.objects.get(job=job).external_id
+    unknown = launch_tagged(ec2_endpoint, "job_neverexisted", deployment_id())
+    ids = [ended.split("/")[1], unknown]
+    moto = ec2_client(ec2_endpoint)  # straight to moto: the proxy records only Veri's calls
+    if state == "stopped":
+        moto.stop_instances(InstanceIds=ids)
+    elif state == "terminated":
+        moto.terminate_instances(InstanceIds=ids)
+    elif state != "running":
+        ec2.states |= dict.fromkeys(ids, state)  # moto skips EC2's transitional states
+    TrainingJob.objects.filter(pk=job.pk).update(status="failed", error_code="worker_failed")
+    adapter = provider_services.get_adapter("aws")
+    assert adapter.states([ended])[ended].alive is alive
+
+    swept = provider_services.sweep_orphans()
+    terminated = sorted(c["InstanceId.1"] for c in ec2.calls("TerminateInstances"))
+    if bills:
+        assert sorted(swept) == sorted([ended, f"us-east-1/{unknown}"])
+        assert terminated == sorted(ids)
+        states = {i["InstanceId"]: i["State"]["Name"] for i in instances(ec2_endpoint)}
+        assert [states[i] for i in ids] == ["terminated", "terminated"]
+        assert Instance.objects.get(job=job).terminated_at is not None
+    else:
+        assert (swept, terminated) == ([], [])
+    assert provider_services.sweep_orphans() == []  # nothing left that bills
 
 
 def test_gpus_for_aws_say_where_each_gpu_can_launch_now(ec2, api_client):
@@ -307,7 +357,10 @@ def test_a_launch_whose_answer_is_lost_runs_one_instance(
     ec2, ec2_endpoint, api_client, sft_dataset
 ):
     """boto3 retries a RunInstances answered 503; its ClientToken makes EC2 answer the first
-    launch rather than start a second instance."""
+    launch rather than start a second instance. This held before Veri named the token too:
+    botocore fills in RunInstances' ClientToken (an `idempotencyToken` in EC2's service model)
+    and keeps it across its retries. The test fails when EC2's idempotency is not honoured
+    (the proxy answering a repeated token by launching again)."""
     ec2.lose_next_launch = True
     job = submit_aws(api_client, sft_dataset)
     tasks.provision_job(job_id=job.pk)

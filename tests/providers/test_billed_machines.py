@@ -93,6 +93,15 @@ def test_a_vast_instance_of_an_ended_job_is_destroyed_in_every_status(
     assert vast.instances == {}
 
 
+def test_a_destroyed_vast_instance_is_left_to_vast(vast, api_client, data):
+    vast.add_offer("RTX 4090", 1, "Oregon, US", 0.3)
+    job = submit(api_client, data, "vast", "RTX4090-24GB")
+    vast.set_status(int(external(job)), FakeVast.DESTROYED)  # no longer billed
+    end(job)
+    assert provider_services.sweep_orphans() == []
+    assert [m for m, _, _ in vast.requests if m == "DELETE"] == []
+
+
 @pytest.mark.parametrize("how", ["drop", 502])
 def test_a_vast_accept_whose_answer_is_lost_rents_one_instance(vast, api_client, data, how):
     vast.add_offer("RTX 4090", 1, "Oregon, US", 0.3)
