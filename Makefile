@@ -3,7 +3,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test-install demo test serve-prod-like lint format
+.PHONY: install test-install demo test docs serve-prod-like lint format
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ demo: install
 
 test: test-install
 	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --durations=15 $(PYTEST_ARGS)
+
+# The docs site from docs/ into site/ (git-ignored); --strict: a broken link or a page missing from
+# the navigation fails it. make test builds it too (tests/docs/test_site.py).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # PostgreSQL, Redis, moto as the S3 store, gunicorn and two qclusters; Ctrl-C stops them.
 serve-prod-like: install
