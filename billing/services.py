@@ -6,7 +6,6 @@ in the database: a task that runs twice, or twice at once, writes it once."""
 import logging
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
-from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -26,24 +25,12 @@ from training import errors
 from training.models import JobEvent, TrainingJob
 from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
+from veri.money import micros_from_usd, usd
 from volumes.models import UsageSnapshot
 
 log = logging.getLogger(__name__)
-MICROS = 1_000_000
 K = LedgerEntry.Kind
 R = Refund.Status
-
-
-def usd(micros: int) -> str:
-    """Micro-dollars as a dollar string with cents or more (`12.5` → `"12.50"`)."""
-    value = (Decimal(micros) / MICROS).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
-    text = f"{value:f}".rstrip("0")
-    whole, _, cents = text.partition(".")
-    return f"{whole}.{cents.ljust(2, '0')}"
-
-
-def micros_from_usd(amount) -> int:
-    return int((Decimal(str(amount)) * MICROS).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def open_billing_account(*, workspace: Workspace, credit_micros: int = 0) -> BillingAccount:
@@ -448,12 +435,6 @@ def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
         defaults={"workspace": workspace, "amount_cents": cents, "livemode": checkout.livemode},
     )
     return checkout.url
-
-
-def cents_half_up(micros: int) -> int:
-    """Micro-dollars as whole cents, a half cent away from zero (ROUND_HALF_UP), in integers."""
-    cents = (abs(micros) + 5_000) // 10_000
-    return cents if micros >= 0 else -cents
 
 
 # Storage

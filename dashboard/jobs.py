@@ -12,7 +12,6 @@ from django.urls import reverse
 from django.utils.timezone import now
 from django.views.decorators.http import require_POST
 
-from billing.services import usd
 from dashboard.forms import SUBMIT_FIELDS, NewJobForm
 from dashboard.workspaces import int_param, or_404, workspace_view
 from providers.models import Instance
@@ -22,6 +21,7 @@ from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
 from veri.errors import VeriError
+from veri.money import usd
 
 PAGE = 25
 LOG_LINES = 1000

@@ -18,6 +18,7 @@ from training.models import TERMINAL, Checkpoint, Dataset, JobEvent, JobStatus, 
 from training.services import logs
 from veri.errors import Conflict, NotFound, PaymentRequired, VeriError
 from veri.models import Workspace
+from veri.money import compute_micros
 from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
 from volumes import services as volume_services
@@ -149,15 +150,6 @@ def settle_job(*, job_id: int) -> bool:
     billing.settle_job_money(job_id=job.pk)
     TrainingJob.objects.filter(pk=job.pk, settled_at__isnull=True).update(settled_at=timezone.now())
     return True
-
-
-def compute_micros(*, price_per_hour_micros: int, start, end) -> int:
-    """Per second (to the microsecond) from `start` to `end` (nothing when `end` is earlier), at
-    an hourly price, rounded down to the micro-dollar; integers throughout (a float can lose the
-    last micro-dollar)."""
-    delta = end - start
-    elapsed_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return price_per_hour_micros * max(elapsed_us, 0) // 3_600_000_000
 
 
 def accrued_micros(instance: Instance, *, at) -> int:

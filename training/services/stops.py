@@ -11,6 +11,7 @@ from django.conf import settings
 from billing import services as billing
 from training.models import JobEvent, JobStatus, TrainingJob
 from training.services.jobs import InvalidTransition, accrued_micros, fail_job
+from veri.money import usd
 
 S = JobStatus
 
@@ -50,7 +51,7 @@ def enforce(*, active: Iterable[TrainingJob], now: datetime) -> dict[str, int]:
             stop(
                 job,
                 "budget_exceeded",
-                f"The job's cost reached its max_cost_usd ({billing.usd(job.max_cost_micros)} "
+                f"The job's cost reached its max_cost_usd ({usd(job.max_cost_micros)} "
                 "USD); it is charged that and no more.",
             )
     for job in _past_grace(active, accrued, now):
