@@ -8,7 +8,6 @@ from rest_framework.response import Response
 
 from billing import payments, selectors, services, stripe_gateway
 from billing.models import LedgerEntry
-from training.services import jobs
 from veri import money
 from veri.api import ValidatingView, WorkspaceView, list_schema, paginate
 from veri.errors import VeriError
@@ -51,7 +50,7 @@ class BillingView(WorkspaceView):
                 "low_balance": services.is_low_balance(
                     workspace=self.workspace,
                     balance=balance,
-                    accrued_micros=jobs.unbilled(workspace=self.workspace).accrued_micros,
+                    accrued_micros=selectors.unbilled(workspace=self.workspace).accrued_micros,
                 ),
                 "payments_enabled": stripe_gateway.payments_enabled(),
                 "currency": "usd",

@@ -13,7 +13,6 @@ from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, TopUpForm
 from dashboard.workspaces import or_404, workspace_view
-from training.services import jobs as job_services
 from veri import selectors, services
 from veri.errors import VeriError
 from veri.money import usd
@@ -50,7 +49,9 @@ def billing_page(request):
             "low_balance": billing.is_low_balance(
                 workspace=request.workspace,
                 balance=balance,
-                accrued_micros=job_services.unbilled(workspace=request.workspace).accrued_micros,
+                accrued_micros=billing_selectors.unbilled(
+                    workspace=request.workspace
+                ).accrued_micros,
             ),
             "payments_enabled": payments_enabled(),
             "form": form,
