@@ -20,7 +20,8 @@ from billing.models import (
     StripeEvent,
 )
 from training import errors
-from training.models import JobEvent, LogChunk
+from training.admin import TrainingJobAdmin
+from training.models import JobEvent, LogChunk, TrainingJob
 from veri import money
 from veri.errors import VeriError
 
@@ -444,3 +445,14 @@ class StripeDisputeAdmin(ReadOnlyAdmin):
     @admin.display(description="amount")
     def amount(self, dispute: StripeDispute) -> str:
         return f"{money.usd(dispute.amount_cents * 10_000)} {dispute.checkout.currency.upper()}"
+
+
+# Training's job admin is a lower floor's page: billing adds its re-attribute action to it (a
+# failure attributed to the customer has no refund row to act on in the review queue), so that
+# training never imports billing.
+admin.site.unregister(TrainingJob)
+
+
+@admin.register(TrainingJob)
+class BilledTrainingJobAdmin(ReattributeAction, TrainingJobAdmin):
+    actions = [*TrainingJobAdmin.actions, "reattribute"]
