@@ -20,6 +20,7 @@ from tests.providers.conftest import ZONES, assert_provisioning_error, ec2_clien
 from tests.training.conftest import upload_dataset
 from training import tasks
 from training.models import TrainingJob
+from training.services import provisioning
 from veri.services import deployment_id
 
 pytestmark = pytest.mark.django_db
@@ -165,14 +166,14 @@ def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     unknown = launch_tagged("job_neverexisted", deployment_id())
     duplicate = launch_tagged(live.public_id, deployment_id())  # a second machine for a live job
     someone_elses = launch_tagged("job_theirs", "another-deployment")
-    swept = provider_services.sweep_orphans()
+    swept = provisioning.sweep_orphans()
     ended_id = Instance.objects.get(job=ended).external_id
     assert sorted(swept) == sorted([ended_id, f"us-east-1/{unknown}", f"us-east-1/{duplicate}"])
     states = {i["InstanceId"]: i["State"]["Name"] for i in instances(ec2_endpoint)}
     live_id = Instance.objects.get(job=live).external_id.split("/")[1]
     assert states[live_id] == "running" and states[someone_elses] == "running"
     assert Instance.objects.get(job=ended).terminated_at is not None
-    assert provider_services.sweep_orphans() == []  # nothing left to sweep
+    assert provisioning.sweep_orphans() == []  # nothing left to sweep
 
 
 def test_gpus_for_aws_say_where_each_gpu_can_launch_now(ec2, api_client):
