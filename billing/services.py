@@ -22,7 +22,8 @@ from billing.models import (
     StripeCheckout,
 )
 from training import errors
-from training.models import JobEvent, TrainingJob
+from training.models import TrainingJob
+from training.services import events
 from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
 from veri.money import micros_from_usd, usd
@@ -206,8 +207,8 @@ def refund_if_due(*, job: TrainingJob) -> Refund | None:
     if decision == R.CREDITED:
         return credit_refund(refund_id=refund.pk)
     if created:
-        JobEvent.objects.create(
-            job=job,
+        events.record_event(
+            job_id=job.pk,
             type="refund_pending",
             detail={"amount_usd": usd(refund.amount_micros), "reason": job.error_code},
         )
@@ -295,8 +296,8 @@ def credit_refund(
     refund.reviewer = reviewer or refund.reviewer
     refund.decision_reason = reason or refund.decision_reason
     refund.save()
-    JobEvent.objects.create(
-        job=refund.job,
+    events.record_event(
+        job_id=refund.job_id,
         type="job_refunded",
         detail={"amount_usd": usd(refund.amount_micros), "reason": refund.reason_code},
     )
@@ -327,7 +328,7 @@ def deny_refund(*, refund_id: int, reviewer, reason: str) -> Refund:
     refund.status, refund.decided_at = R.DENIED, timezone.now()
     refund.reviewer, refund.decision_reason = reviewer, reason.strip()
     refund.save()
-    JobEvent.objects.create(
+    events.record_event(
         job_id=refund.job_id, type="refund_denied", detail={"reason": refund.decision_reason}
     )
     return refund
@@ -361,13 +362,8 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
             reason=reason,
             changed_by=changed_by,
         )
-        TrainingJob.objects.filter(pk=job.pk).update(error_attribution=attribution)
+        events.change_attribution(job_id=job.pk, attribution=attribution, reason=reason)
         job.error_attribution = attribution
-        JobEvent.objects.create(
-            job=job,
-            type="attribution_changed",
-            detail={"attribution": attribution, "reason": reason},
-        )
         if not job.cost_micros:
             return refund
         if attribution == errors.Attribution.PLATFORM:
