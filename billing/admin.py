@@ -20,7 +20,9 @@ from billing.models import (
     StripeEvent,
 )
 from training import errors
-from training.models import JobEvent, LogChunk
+from training.admin import TrainingJobAdmin
+from training.models import JobEvent, LogChunk, TrainingJob
+from veri import money
 from veri.errors import VeriError
 
 REVIEW_PERMISSION = "billing.review_refund"
@@ -158,7 +160,7 @@ class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
 
     @admin.display(description="amount")
     def amount_usd(self, refund: Refund) -> str:
-        return f"{services.usd(refund.amount_micros)} USD"
+        return f"{money.usd(refund.amount_micros)} USD"
 
     @admin.display(description="attribution")
     def attribution(self, refund: Refund) -> str:
@@ -170,7 +172,7 @@ class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
 
     @admin.display(description="job cost")
     def job_cost_usd(self, refund: Refund) -> str:
-        return f"{services.usd(refund.job.cost_micros or 0)} USD"
+        return f"{money.usd(refund.job.cost_micros or 0)} USD"
 
     @admin.display(description="last events")
     def recent_events(self, refund: Refund):
@@ -296,7 +298,7 @@ class BillingAccountAdmin(admin.ModelAdmin):
 
     @admin.display(description="balance")
     def balance_usd(self, account: BillingAccount) -> str:
-        return f"{services.usd(services.balance_micros(workspace=account.workspace))} USD"
+        return f"{money.usd(services.balance_micros(workspace=account.workspace))} USD"
 
     @admin.action(description="Add credit (an adjustment entry)", permissions=["credit"])
     def add_credit(self, request, queryset):
@@ -312,7 +314,7 @@ class BillingAccountAdmin(admin.ModelAdmin):
                 action="add_credit",
                 button="Add credit",
             )
-        amount = services.micros_from_usd(form.cleaned_data["amount_usd"])
+        amount = money.micros_from_usd(form.cleaned_data["amount_usd"])
         for account in queryset.select_related("workspace"):
             services.add_credit(
                 workspace=account.workspace,
@@ -334,7 +336,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="amount (USD)")
     def amount(self, entry: LedgerEntry) -> str:
-        return services.usd(entry.amount_micros)
+        return money.usd(entry.amount_micros)
 
 
 @admin.register(AttributionChange)
@@ -406,7 +408,7 @@ class StripeCheckoutAdmin(ReadOnlyAdmin):
 
     @admin.display(description="amount")
     def amount(self, checkout: StripeCheckout) -> str:
-        return f"{services.usd(checkout.amount_cents * 10_000)} {checkout.currency.upper()}"
+        return f"{money.usd(checkout.amount_cents * 10_000)} {checkout.currency.upper()}"
 
 
 @admin.register(StripeDispute)
@@ -442,4 +444,15 @@ class StripeDisputeAdmin(ReadOnlyAdmin):
 
     @admin.display(description="amount")
     def amount(self, dispute: StripeDispute) -> str:
-        return f"{services.usd(dispute.amount_cents * 10_000)} {dispute.checkout.currency.upper()}"
+        return f"{money.usd(dispute.amount_cents * 10_000)} {dispute.checkout.currency.upper()}"
+
+
+# Training's job admin is a lower floor's page: billing adds its re-attribute action to it (a
+# failure attributed to the customer has no refund row to act on in the review queue), so that
+# training never imports billing.
+admin.site.unregister(TrainingJob)
+
+
+@admin.register(TrainingJob)
+class BilledTrainingJobAdmin(ReattributeAction, TrainingJobAdmin):
+    actions = [*TrainingJobAdmin.actions, "reattribute"]

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from billing import payments, selectors, services, stripe_gateway
 from billing.models import LedgerEntry
-from training.services import jobs
+from veri import money
 from veri.api import ValidatingView, WorkspaceView, list_schema, paginate
 from veri.errors import VeriError
 
@@ -23,7 +23,7 @@ class LedgerEntryOut(serializers.ModelSerializer):
         fields = ["kind", "amount_usd", "job_id", "volume_id", "description", "created_at"]
 
     def get_amount_usd(self, entry: LedgerEntry) -> str:
-        return services.usd(entry.amount_micros)
+        return money.usd(entry.amount_micros)
 
     def get_volume_id(self, entry: LedgerEntry) -> str | None:
         return entry.volume_ref or None  # null when not a volume's, as job_id is
@@ -46,11 +46,11 @@ class BillingView(WorkspaceView):
         balance = services.balance_micros(workspace=self.workspace)
         return Response(
             {
-                "balance_usd": services.usd(balance),
+                "balance_usd": money.usd(balance),
                 "low_balance": services.is_low_balance(
                     workspace=self.workspace,
                     balance=balance,
-                    accrued_micros=jobs.unbilled(workspace=self.workspace).accrued_micros,
+                    accrued_micros=selectors.unbilled(workspace=self.workspace).accrued_micros,
                 ),
                 "payments_enabled": stripe_gateway.payments_enabled(),
                 "currency": "usd",

@@ -3,3 +3,10 @@ from django.apps import AppConfig
 
 class BillingConfig(AppConfig):
     name = "billing"
+
+    def ready(self) -> None:
+        # Training asks for money through this hook, never by importing billing (a higher floor).
+        from billing.hooks import TrainingMoney
+        from training.hooks import register_money
+
+        register_money(TrainingMoney())

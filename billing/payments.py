@@ -26,8 +26,9 @@ from billing.models import (
     StripeMirror,
     StripeMirrorRetry,
 )
-from billing.services import MAX_TOP_UP_CENTS, cents_half_up, record_entry, usd
+from billing.services import MAX_TOP_UP_CENTS, record_entry
 from veri.models import Workspace
+from veri.money import cents_half_up, usd
 
 log = logging.getLogger(__name__)
 K = LedgerEntry.Kind

@@ -6,7 +6,6 @@ in the database: a task that runs twice, or twice at once, writes it once."""
 import logging
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
-from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -23,27 +22,16 @@ from billing.models import (
     StripeCheckout,
 )
 from training import errors
-from training.models import JobEvent, TrainingJob
+from training.models import TrainingJob
+from training.services import events
 from veri.errors import Conflict, PaymentRequired, VeriError
 from veri.models import Workspace
+from veri.money import micros_from_usd, usd
 from volumes.models import UsageSnapshot
 
 log = logging.getLogger(__name__)
-MICROS = 1_000_000
 K = LedgerEntry.Kind
 R = Refund.Status
-
-
-def usd(micros: int) -> str:
-    """Micro-dollars as a dollar string with cents or more (`12.5` → `"12.50"`)."""
-    value = (Decimal(micros) / MICROS).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
-    text = f"{value:f}".rstrip("0")
-    whole, _, cents = text.partition(".")
-    return f"{whole}.{cents.ljust(2, '0')}"
-
-
-def micros_from_usd(amount) -> int:
-    return int((Decimal(str(amount)) * MICROS).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def open_billing_account(*, workspace: Workspace, credit_micros: int = 0) -> BillingAccount:
@@ -219,8 +207,8 @@ def refund_if_due(*, job: TrainingJob) -> Refund | None:
     if decision == R.CREDITED:
         return credit_refund(refund_id=refund.pk)
     if created:
-        JobEvent.objects.create(
-            job=job,
+        events.record_event(
+            job_id=job.pk,
             type="refund_pending",
             detail={"amount_usd": usd(refund.amount_micros), "reason": job.error_code},
         )
@@ -308,8 +296,8 @@ def credit_refund(
     refund.reviewer = reviewer or refund.reviewer
     refund.decision_reason = reason or refund.decision_reason
     refund.save()
-    JobEvent.objects.create(
-        job=refund.job,
+    events.record_event(
+        job_id=refund.job_id,
         type="job_refunded",
         detail={"amount_usd": usd(refund.amount_micros), "reason": refund.reason_code},
     )
@@ -340,7 +328,7 @@ def deny_refund(*, refund_id: int, reviewer, reason: str) -> Refund:
     refund.status, refund.decided_at = R.DENIED, timezone.now()
     refund.reviewer, refund.decision_reason = reviewer, reason.strip()
     refund.save()
-    JobEvent.objects.create(
+    events.record_event(
         job_id=refund.job_id, type="refund_denied", detail={"reason": refund.decision_reason}
     )
     return refund
@@ -374,13 +362,8 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
             reason=reason,
             changed_by=changed_by,
         )
-        TrainingJob.objects.filter(pk=job.pk).update(error_attribution=attribution)
+        events.change_attribution(job_id=job.pk, attribution=attribution, reason=reason)
         job.error_attribution = attribution
-        JobEvent.objects.create(
-            job=job,
-            type="attribution_changed",
-            detail={"attribution": attribution, "reason": reason},
-        )
         if not job.cost_micros:
             return refund
         if attribution == errors.Attribution.PLATFORM:
@@ -448,12 +431,6 @@ def top_up_url(*, workspace: Workspace, amount_usd, return_url: str) -> str:
         defaults={"workspace": workspace, "amount_cents": cents, "livemode": checkout.livemode},
     )
     return checkout.url
-
-
-def cents_half_up(micros: int) -> int:
-    """Micro-dollars as whole cents, a half cent away from zero (ROUND_HALF_UP), in integers."""
-    cents = (abs(micros) + 5_000) // 10_000
-    return cents if micros >= 0 else -cents
 
 
 # Storage

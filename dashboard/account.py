@@ -13,9 +13,9 @@ from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, TopUpForm
 from dashboard.workspaces import or_404, workspace_view
-from training.services import jobs as job_services
 from veri import selectors, services
 from veri.errors import VeriError
+from veri.money import usd
 
 
 @workspace_view
@@ -40,16 +40,18 @@ def billing_page(request):
             form.add_error("amount_usd", exc.message)
     page = Paginator(ledger, 50).get_page(request.GET.get("page"))
     for entry in page:
-        entry.amount_usd = billing.usd(entry.amount_micros)
+        entry.amount_usd = usd(entry.amount_micros)
     return render(
         request,
         "dashboard/billing.html",
         {
-            "balance_usd": billing.usd(balance),
+            "balance_usd": usd(balance),
             "low_balance": billing.is_low_balance(
                 workspace=request.workspace,
                 balance=balance,
-                accrued_micros=job_services.unbilled(workspace=request.workspace).accrued_micros,
+                accrued_micros=billing_selectors.unbilled(
+                    workspace=request.workspace
+                ).accrued_micros,
             ),
             "payments_enabled": payments_enabled(),
             "form": form,

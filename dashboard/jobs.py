@@ -9,19 +9,18 @@ from django.db.models import Q
 from django.http import Http404, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.timezone import now
 from django.views.decorators.http import require_POST
 
-from billing.services import usd
+from billing import selectors as billing_selectors
 from dashboard.forms import SUBMIT_FIELDS, NewJobForm
 from dashboard.workspaces import int_param, or_404, workspace_view
-from providers.models import Instance
 from training import errors, selectors
 from training.models import JobStatus
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
 from veri.errors import VeriError
+from veri.money import usd
 
 PAGE = 25
 LOG_LINES = 1000
@@ -97,13 +96,10 @@ def job_detail(request, job_id: str):
     job = _job(request, job_id)
     checkpoints = selectors.list_checkpoints(job=job).order_by("-step", "-final")
     refund = getattr(job, "refund", None)  # select_related: None when there is none
-    instance = Instance.objects.filter(job=job).first()
+    instance = getattr(job, "instance", None)  # cached for job_accrued_micros
     accrued = None
     if job.cost_micros is None and instance and instance.launched_at:
-        accrued = usd(
-            job.earlier_kept_micros
-            + job_services.accrued_micros(instance, at=instance.terminated_at or now())
-        )
+        accrued = usd(billing_selectors.job_accrued_micros(job=job))
     return render(
         request,
         "dashboard/job.html",

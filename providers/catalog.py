@@ -12,21 +12,11 @@ from functools import cache
 
 from django.conf import settings
 
-
-@dataclass(frozen=True, slots=True)
-class Region:
-    code: str
-    name: str
-    coming_soon: bool = False
-
-
-REGIONS = (
-    Region("us-east-1", "US East (N. Virginia)"),
-    Region("us-west-2", "US West (Oregon)"),
-    Region("eu-west-1", "Europe (Ireland)"),
-    Region("eu-central-1", "Europe (Frankfurt)", coming_soon=True),
-    Region("ap-northeast-1", "Asia Pacific (Tokyo)", coming_soon=True),
-)
+# Regions are the platform's geography, shared with volumes; the catalog answers for them too.
+from veri.regions import REGIONS as REGIONS
+from veri.regions import Region as Region
+from veri.regions import available_region_codes as available_region_codes
+from veri.regions import default_region as default_region
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +150,3 @@ def providers() -> list[ProviderSpec]:
 
 def get_provider(name: str) -> ProviderSpec | None:
     return next((p for p in providers() if p.name == name), None)
-
-
-def available_region_codes() -> list[str]:
-    return [region.code for region in REGIONS if not region.coming_soon]
-
-
-def default_region() -> str:
-    return settings.VERI_DEFAULT_REGION

@@ -1,4 +1,9 @@
+from datetime import datetime
+
 from django.db import models
+from django.utils import timezone
+
+from veri.money import compute_micros
 
 
 class Instance(models.Model):
@@ -20,6 +25,17 @@ class Instance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.external_id or 'launching'}"
+
+    def accrued_micros(self, *, at: datetime | None = None) -> int:
+        """What this machine has cost: per second from its launch to `at` (by default its
+        termination, or now while it runs), at its hourly price; nothing before it launched.
+        The one place a machine's cost is computed."""
+        if not self.launched_at:
+            return 0
+        end = at or self.terminated_at or timezone.now()
+        return compute_micros(
+            price_per_hour_micros=self.price_per_hour_micros, start=self.launched_at, end=end
+        )
 
 
 class LaunchAttempt(models.Model):

@@ -3,6 +3,7 @@ renting."""
 
 import logging
 import time
+from collections.abc import Callable
 from functools import cache
 
 from django.conf import settings
@@ -43,12 +44,12 @@ def default_provider() -> str:
     return "aws" if is_usable("aws") else "local"
 
 
-def reserve_instance(*, job, zone: str, gpu: GpuType) -> Instance:
+def reserve_instance(*, job, zone: str, gpu: GpuType, queued_ahead: Callable[[], int]) -> Instance:
     """The Instance row for a launch. On a provider with a limit of machines (the local one's
     VERI_LOCAL_SLOTS, GCP's one GPU) it takes a slot, under a row lock so that two launches cannot
-    both take the last one, in submit order; NoFreeSlot when none is free."""
-    from training.models import JobStatus, TrainingJob  # training depends on providers
-
+    both take the last one, in submit order; NoFreeSlot when none is free. `queued_ahead` (asked
+    under the lock, so concurrent launches see each other) counts the jobs waiting for this
+    provider that were submitted before this one: the caller, which owns jobs, knows them."""
     with transaction.atomic():
         limit = get_adapter(job.provider).max_instances()
         if limit is not None:
@@ -58,9 +59,7 @@ def reserve_instance(*, job, zone: str, gpu: GpuType) -> Instance:
                 provider=job.provider, terminated_at__isnull=True
             ).count()
             # First come, first served: the free slots belong to the oldest queued jobs.
-            ahead = TrainingJob.objects.filter(
-                provider=job.provider, status=JobStatus.QUEUED, pk__lt=job.pk
-            ).count()
+            ahead = queued_ahead()
             if busy + ahead >= limit:
                 raise NoFreeSlot(f"all {limit} {job.provider} slot(s) are busy")
         Instance.objects.filter(job=job).delete()  # an earlier attempt's row that never launched
@@ -91,12 +90,12 @@ def available_regions(name: str, gpu_type: str) -> list[str] | None:
     return regions
 
 
-def sweep_orphans() -> list[str]:
+def sweep_orphans(*, live_jobs: Callable[[set[str]], dict[str, str | None]]) -> list[str]:
     """Terminate every machine tagged as ours that no live job owns: its job ended or is unknown,
     or the job's recorded instance is another one (a launch that was retried). A live job whose
-    launch is still in flight (no instance id recorded yet) keeps its machine."""
-    from training.models import TERMINAL, TrainingJob  # training depends on providers
-
+    launch is still in flight (no instance id recorded yet) keeps its machine. `live_jobs` maps
+    the tagged job ids to those of live jobs, each with its recorded instance id: the caller,
+    which owns jobs, knows them."""
     swept = []
     for name in settings.VERI_PROVIDER_ADAPTERS:
         adapter = get_adapter(name)
@@ -105,11 +104,7 @@ def sweep_orphans() -> list[str]:
         tagged = adapter.tagged_instances()
         if not tagged:
             continue
-        live = dict(
-            TrainingJob.objects.filter(public_id__in=set(tagged.values()))
-            .exclude(status__in=TERMINAL)
-            .values_list("public_id", "instance__external_id")
-        )
+        live = live_jobs(set(tagged.values()))
         for external_id, job_id in tagged.items():
             if job_id in live and live[job_id] in (None, "", external_id):
                 continue

@@ -1,6 +1,5 @@
 from django.contrib import admin
 
-from billing.admin import ReattributeAction
 from training.models import Checkpoint, Dataset, JobEvent, LogChunk, TrainingJob
 from training.services import jobs as job_services
 
@@ -30,9 +29,9 @@ class RecentLogInline(admin.TabularInline):
 
 
 @admin.register(TrainingJob)
-class TrainingJobAdmin(ReattributeAction, admin.ModelAdmin):
-    """Jobs, read-only; operators cancel them, and re-attribute failed ones here too (a failure
-    attributed to the customer has no refund row to act on in the review queue)."""
+class TrainingJobAdmin(admin.ModelAdmin):
+    """Jobs, read-only; operators cancel them here. Billing adds its "Re-attribute" action to this
+    page (`billing.admin.BilledTrainingJobAdmin`): training never imports billing."""
 
     list_display = [
         "public_id",
@@ -57,7 +56,7 @@ class TrainingJobAdmin(ReattributeAction, admin.ModelAdmin):
     list_select_related = ["workspace"]
     readonly_fields = [f.name for f in TrainingJob._meta.fields]
     inlines = [JobEventInline, RecentLogInline]
-    actions = ["cancel", "reattribute"]
+    actions = ["cancel"]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -12,7 +12,6 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing.services import usd
 from training import selectors
 from training.models import (
     MAX_SEQ,
@@ -29,6 +28,7 @@ from training.services import logs as log_services
 from training.services import quotes as quote_services
 from veri.api import WorkspaceView, list_schema, paginate, query_int
 from veri.errors import NotFound, VeriError
+from veri.money import usd
 from volumes.api import PathString
 
 MAX_LOG_LINES = 1000

@@ -16,7 +16,6 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from providers import catalog
-from providers import services as provider_services
 from providers.services import get_adapter
 from training.models import JobStatus, MetricPoint, TrainingJob, WatchdogState
 from training.services import jobs, logs, provisioning, restarts, stops
@@ -334,7 +333,7 @@ def watch_tick(*, run: str, due: float) -> str:
         if _claim_due("last_archive_at", settings.VERI_LOG_ARCHIVE_SECONDS, now):
             archive_running_logs()
         if _claim_due("last_sweep_at", settings.VERI_SWEEP_SECONDS, now):
-            provider_services.sweep_orphans()
+            provisioning.sweep_orphans()
         if _claim_due("last_resettle_at", settings.VERI_SETTLE_RETRY_SECONDS, now):
             requeue_unsettled(now=now)
     finally:

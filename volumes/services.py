@@ -13,10 +13,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from providers.catalog import available_region_codes, default_region
 from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
+from veri.regions import available_region_codes, default_region
 from volumes.models import PinnedFile, StoreDeletion, Upload, Volume, VolumeFile
 from volumes.stores import StoreError, StoreUnavailable, keys, store_for
 

@@ -21,6 +21,7 @@ from training import errors, tasks
 from training.models import JobEvent, TrainingJob
 from training.services import jobs
 from veri.errors import Conflict
+from veri.money import compute_micros
 
 pytestmark = pytest.mark.django_db
 L4_HOUR = 805_000  # the fake aws provider's L4, per hour, in micro-dollars
@@ -105,10 +106,10 @@ def test_compute_is_priced_in_integers():
     start = timezone.now()
     ran = timedelta(days=6, seconds=44_795, microseconds=102_000)
     # 563,195.102 s at 3.60 USD an hour is exactly 563.195102 USD (floats lost the last micro).
-    assert jobs.compute_micros(price_per_hour_micros=3_600_000, start=start, end=start + ran) == (
+    assert compute_micros(price_per_hour_micros=3_600_000, start=start, end=start + ran) == (
         563_195_102
     )
-    assert jobs.compute_micros(price_per_hour_micros=805_000, start=start, end=start - ran) == 0
+    assert compute_micros(price_per_hour_micros=805_000, start=start, end=start - ran) == 0
 
 
 def test_a_completed_job_is_charged_once_and_the_balance_is_the_sum(submit, billed):

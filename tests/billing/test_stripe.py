@@ -13,6 +13,7 @@ from tests.conftest import assert_error, in_threads, postgres_only
 from tests.stripe_fake import foreign_checkout, pay, sign
 from veri import services as veri_services
 from veri.models import Workspace
+from veri.money import cents_half_up
 
 pytestmark = pytest.mark.django_db
 
@@ -179,7 +180,7 @@ def test_sub_cent_entries_reach_stripe_as_the_rounded_running_sum(billed, stripe
     sent = [r["body"]["amount"] for r in balance_transactions(stripe_api)]
     assert sent == [["-10000"], ["-1"], ["-1"]]
     balance = services.balance_micros(workspace=billed)
-    assert -sum(int(amount) for [amount] in sent) == services.cents_half_up(balance) == 10002
+    assert -sum(int(amount) for [amount] in sent) == cents_half_up(balance) == 10002
     assert sum(StripeMirror.objects.values_list("amount_cents", flat=True)) == 10002
 
 
@@ -214,7 +215,7 @@ def test_one_workspace_stripe_refuses_waits_and_the_others_are_mirrored(
     for workspace in (billed, other):
         customer = BillingAccount.objects.get(workspace=workspace).stripe_customer_id
         amounts = [int(r["body"]["amount"][0]) for r in balance_transactions(stripe_api, customer)]
-        assert -sum(amounts) == services.cents_half_up(services.balance_micros(workspace=workspace))
+        assert -sum(amounts) == cents_half_up(services.balance_micros(workspace=workspace))
 
 
 @postgres_only
@@ -226,7 +227,7 @@ def test_mirroring_runs_at_once_send_each_entry_once(billed, stripe_api):
     sent = [r["key"] for r in stripe_api.requests if r["path"].endswith("balance_transactions")]
     assert len(sent) == len(set(sent)) == 7
     amounts = [int(r["body"]["amount"][0]) for r in balance_transactions(stripe_api)]
-    assert -sum(amounts) == services.cents_half_up(services.balance_micros(workspace=billed))
+    assert -sum(amounts) == cents_half_up(services.balance_micros(workspace=billed))
 
 
 def test_low_balance_is_below_a_day_of_recent_spend(api_client, billed):

@@ -13,6 +13,7 @@ from tests.billing.test_stripe import deliver, top_up, webhook
 from tests.conftest import assert_error
 from tests.dashboard.conftest import member_of, signed_in
 from tests.stripe_fake import FakeStripe, pay, refund
+from veri.money import cents_half_up
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +29,7 @@ def stripe_balance(customer_id: str) -> int:
 
 def mirrored_in_full(workspace) -> bool:
     customer = account_of(workspace).stripe_customer_id
-    ledger = services.cents_half_up(services.balance_micros(workspace=workspace))
+    ledger = cents_half_up(services.balance_micros(workspace=workspace))
     return stripe_balance(customer) == -ledger
 
 

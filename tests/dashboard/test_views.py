@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.models import Refund
-from billing.services import open_billing_account, usd
+from billing.services import open_billing_account
 from tests.billing.test_ledger import failed_after_an_hour
 from tests.dashboard.conftest import PASSWORD, member_of, signed_in
 from tests.training.conftest import job_body, upload_dataset
@@ -24,6 +24,7 @@ from training import errors
 from training.models import Checkpoint, JobEvent, LogChunk, MetricPoint, Sample, TrainingJob
 from veri import services
 from veri.models import ApiKey, Membership, Workspace
+from veri.money import usd
 from volumes.models import Volume
 from volumes.services import create_volume
 from volumes.stores import store_for

@@ -27,6 +27,7 @@ from tests.providers.conftest import (
 from tests.training.conftest import upload_dataset
 from training import tasks
 from training.models import TrainingJob
+from training.services import provisioning
 from veri.services import deployment_id
 
 pytestmark = pytest.mark.django_db
@@ -158,14 +159,14 @@ def test_the_sweeper_ends_machines_no_live_job_owns_and_leaves_the_rest(
     # a second machine for a live job
     duplicate = launch_tagged(ec2_endpoint, live.public_id, deployment_id())
     someone_elses = launch_tagged(ec2_endpoint, "job_theirs", "another-deployment")
-    swept = provider_services.sweep_orphans()
+    swept = provisioning.sweep_orphans()
     ended_id = Instance.objects.get(job=ended).external_id
     assert sorted(swept) == sorted([ended_id, f"us-east-1/{unknown}", f"us-east-1/{duplicate}"])
     states = {i["InstanceId"]: i["State"]["Name"] for i in instances(ec2_endpoint)}
     live_id = Instance.objects.get(job=live).external_id.split("/")[1]
     assert states[live_id] == "running" and states[someone_elses] == "running"
     assert Instance.objects.get(job=ended).terminated_at is not None
-    assert provider_services.sweep_orphans() == []  # nothing left to sweep
+    assert provisioning.sweep_orphans() == []  # nothing left to sweep
 
 
 @pytest.mark.parametrize(
@@ -203,7 +204,7 @@ def test_an_instance_of_an_ended_or_unknown_job_is_terminated_in_every_state_ec2
     adapter = provider_services.get_adapter("aws")
     assert adapter.states([ended])[ended].alive is alive
 
-    swept = provider_services.sweep_orphans()
+    swept = provisioning.sweep_orphans()
     terminated = sorted(c["InstanceId.1"] for c in ec2.calls("TerminateInstances"))
     if bills:
         assert sorted(swept) == sorted([ended, f"us-east-1/{unknown}"])
@@ -213,7 +214,7 @@ def test_an_instance_of_an_ended_or_unknown_job_is_terminated_in_every_state_ec2
         assert Instance.objects.get(job=job).terminated_at is not None
     else:
         assert (swept, terminated) == ([], [])
-    assert provider_services.sweep_orphans() == []  # nothing left that bills
+    assert provisioning.sweep_orphans() == []  # nothing left that bills
 
 
 def test_gpus_for_aws_say_where_each_gpu_can_launch_now(ec2, api_client):

@@ -24,6 +24,7 @@ from tests.providers.test_rest_providers import (  # noqa: F401 - fixtures
 from tests.training.conftest import worker_client
 from training import tasks
 from training.models import TrainingJob
+from training.services import provisioning
 from training.services.worker import mint_job_token
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +48,7 @@ def test_a_droplet_of_an_ended_job_is_deleted_in_every_status(
     job = submit(api_client, data, "digitalocean", "H100-80GB")
     digitalocean.set_status(int(external(job)), status)
     end(job)
-    assert provider_services.sweep_orphans() == [external(job)]
+    assert provisioning.sweep_orphans() == [external(job)]
     assert digitalocean.droplets == {}
 
 
@@ -89,7 +90,7 @@ def test_a_vast_instance_of_an_ended_job_is_destroyed_in_every_status(
     job = submit(api_client, data, "vast", "RTX4090-24GB")
     vast.set_status(int(external(job)), status)
     end(job)
-    assert provider_services.sweep_orphans() == [external(job)]
+    assert provisioning.sweep_orphans() == [external(job)]
     assert vast.instances == {}
 
 
@@ -98,7 +99,7 @@ def test_a_destroyed_vast_instance_is_left_to_vast(vast, api_client, data):
     job = submit(api_client, data, "vast", "RTX4090-24GB")
     vast.set_status(int(external(job)), FakeVast.DESTROYED)  # no longer billed
     end(job)
-    assert provider_services.sweep_orphans() == []
+    assert provisioning.sweep_orphans() == []
     assert [m for m, _, _ in vast.requests if m == "DELETE"] == []
 
 
@@ -136,7 +137,7 @@ def test_a_gcp_vm_of_an_ended_job_is_deleted_in_every_status(gcp, api_client, da
     zone, name = split_scoped_id(external(job))
     gcp.set_status(zone, name, status)
     end(job)
-    assert provider_services.sweep_orphans() == [external(job)]
+    assert provisioning.sweep_orphans() == [external(job)]
     assert gcp.vms == {}
 
 

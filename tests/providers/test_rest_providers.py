@@ -16,6 +16,7 @@ from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVas
 from tests.training.conftest import drive, upload_dataset, worker_client
 from training import tasks
 from training.models import TrainingJob
+from training.services import provisioning
 from veri.services import deployment_id
 from worker.runner import registration
 
@@ -139,7 +140,7 @@ def test_digitalocean_sweeper_and_availability(digitalocean, api_client, data):
     live = submit(api_client, data, "digitalocean", "H100-80GB")
     ended = submit(api_client, data, "digitalocean", "H100-80GB")
     TrainingJob.objects.filter(pk=ended.pk).update(status="failed", error_code="worker_failed")
-    swept = provider_services.sweep_orphans()
+    swept = provisioning.sweep_orphans()
     assert swept == [Instance.objects.get(job=ended).external_id]
     assert list(digitalocean.droplets) == [int(Instance.objects.get(job=live).external_id)]
     rows = api_client.get("/v1/gpus", {"provider": "digitalocean"}).json()["data"]
@@ -187,7 +188,7 @@ def test_vast_sweeper_ends_instances_labelled_for_ended_jobs(vast, api_client, d
     TrainingJob.objects.filter(pk=ended.pk).update(status="completed")
     foreign = vast.new_id()
     vast.instances[foreign] = {"id": foreign, "actual_status": "running", "label": "my own box"}
-    assert provider_services.sweep_orphans() == [Instance.objects.get(job=ended).external_id]
+    assert provisioning.sweep_orphans() == [Instance.objects.get(job=ended).external_id]
     assert set(vast.instances) == {int(Instance.objects.get(job=live).external_id), foreign}
 
 
@@ -285,7 +286,7 @@ def test_a_vm_gcp_took_back_is_reclaimed_or_at_its_24_hours(
 def test_gcp_sweeper_deletes_vms_of_ended_jobs(gcp, api_client, data):
     job = submit(api_client, data, "gcp", "H100-80GB")
     TrainingJob.objects.filter(pk=job.pk).update(status="failed", error_code="worker_failed")
-    assert provider_services.sweep_orphans() == [Instance.objects.get(job=job).external_id]
+    assert provisioning.sweep_orphans() == [Instance.objects.get(job=job).external_id]
     assert gcp.vms == {}
 
 

@@ -17,7 +17,7 @@ from tests.training.conftest import drive, worker_client
 from tests.training.test_worker_and_jobs_api import upload_checkpoint, w
 from training import tasks
 from training.models import Checkpoint, JobAttempt, JobEvent, JobStatus, TrainingJob
-from training.services import jobs, restarts
+from training.services import restarts
 from volumes.models import VolumeFile
 from volumes.stores import get_store
 from volumes.tasks import reconcile_deleted_volumes
@@ -164,9 +164,7 @@ def test_a_restarted_jobs_charge_and_credit_are_its_kept_and_lost_compute(
     per_minute = L4_PER_HOUR / 60
     assert run.kept_micros == pytest.approx(kept_minutes * per_minute, abs=50)
     assert run.lost_micros == pytest.approx(lost_minutes * per_minute, abs=50)
-    final_run = jobs.accrued_micros(
-        Instance.objects.get(job=job), at=Instance.objects.get(job=job).terminated_at
-    )
+    final_run = Instance.objects.get(job=job).accrued_micros()
     assert job.cost_micros == run.kept_micros + run.lost_micros + final_run
     entries = dict(LedgerEntry.objects.filter(job=job).values_list("kind", "amount_micros"))
     assert entries["job_charge"] == -job.cost_micros

@@ -4,19 +4,16 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 
-from billing import services as billing
-from billing.models import BillingAccount
 from providers import catalog
 from providers.base import ProviderUnavailable
 from providers.models import Instance
 from providers.services import default_provider, get_adapter, is_usable, usable_providers
-from training import errors, specs
+from training import errors, hooks, specs
 from training.models import TERMINAL, Checkpoint, Dataset, JobEvent, JobStatus, TrainingJob
 from training.services import logs
-from veri.errors import Conflict, NotFound, PaymentRequired, VeriError
+from veri.errors import Conflict, NotFound, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
@@ -146,49 +143,9 @@ def settle_job(*, job_id: int) -> bool:
     if not job.is_terminal:
         return False
     close_out_job(job=job)
-    billing.settle_job_money(job_id=job.pk)
+    hooks.money().settle(job_id=job.pk)
     TrainingJob.objects.filter(pk=job.pk, settled_at__isnull=True).update(settled_at=timezone.now())
     return True
-
-
-def compute_micros(*, price_per_hour_micros: int, start, end) -> int:
-    """Per second (to the microsecond) from `start` to `end` (nothing when `end` is earlier), at
-    an hourly price, rounded down to the micro-dollar; integers throughout (a float can lose the
-    last micro-dollar)."""
-    delta = end - start
-    elapsed_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return price_per_hour_micros * max(elapsed_us, 0) // 3_600_000_000
-
-
-def accrued_micros(instance: Instance, *, at) -> int:
-    """From the launch to `at` (the termination, or now), at the instance's price."""
-    if not instance.launched_at:
-        return 0
-    return compute_micros(
-        price_per_hour_micros=instance.price_per_hour_micros, start=instance.launched_at, end=at
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Unbilled:
-    """A workspace's unfinished jobs, in money not yet in its ledger."""
-
-    accrued_micros: int  # what they have cost so far (restarted runs' kept compute included)
-    held_micros: int  # each one's first hour at its GPU's price, or its cost so far once more
-
-
-def unbilled(*, workspace: Workspace, now=None) -> Unbilled:
-    now = now or timezone.now()
-    accrued = held = 0
-    unfinished = TrainingJob.objects.filter(workspace=workspace).exclude(status__in=TERMINAL)
-    for job in unfinished.select_related("instance"):
-        instance = getattr(job, "instance", None)
-        cost = job.earlier_kept_micros + (accrued_micros(instance, at=now) if instance else 0)
-        spec = catalog.get_provider(job.provider)
-        gpu = spec.gpu(job.gpu_type) if spec else None
-        first_hour = gpu.price_per_gpu_hour_micros * job.gpu_count if gpu else 0
-        accrued, held = accrued + cost, held + max(first_hour, cost)
-    return Unbilled(accrued_micros=accrued, held_micros=held)
 
 
 def close_out_job(*, job: TrainingJob) -> None:
@@ -196,17 +153,7 @@ def close_out_job(*, job: TrainingJob) -> None:
     Safe to repeat; each step checks whether it is already done."""
     terminate_instance(job=job)
     if job.cost_attributed_at is None:
-        instance = Instance.objects.filter(job=job).first()
-        billed = not job.cost_waived and not (
-            job.error_code and errors.get(job.error_code).billing == errors.Billing.NONE
-        )
-        cost = accrued_micros(instance, at=instance.terminated_at) if billed and instance else 0
-        # Restarted runs' compute, all of it: what each lost after its checkpoint is credited
-        # back when the job settles (billing.credit_lost_compute).
-        earlier = job.attempts.aggregate(kept=Sum("kept_micros"), lost=Sum("lost_micros"))
-        cost += (earlier["kept"] or 0) + (earlier["lost"] or 0)
-        if job.max_cost_micros is not None:
-            cost = min(cost, job.max_cost_micros)  # a budget is never overrun
+        cost = hooks.money().attributed_cost_micros(job=job)  # billing's rules
         TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
             cost_micros=cost, cost_attributed_at=timezone.now()
         )
@@ -463,10 +410,7 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
     """Validate everything a worker would trip on later (and the job's placement and price),
     renting and writing nothing: what submit and quote share."""
     sub = submission
-    if not BillingAccount.objects.filter(workspace=workspace).exists():
-        raise PaymentRequired(
-            "This workspace has no billing account; add one before submitting jobs."
-        )
+    hooks.money().check_account(workspace=workspace)
     _check_method(sub.method)
     _check_base_model(sub.base_model)
     if sub.method == "grpo":
@@ -507,10 +451,10 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
     plan = plan_job(workspace=workspace, submission=submission)
     sub = plan.sub
     with transaction.atomic():
-        billing.require_funds(
-            workspace=workspace,
-            first_hour_micros=plan.price_per_hour_micros,
-            held_micros=lambda: unbilled(workspace=workspace).held_micros,
+        # Billing locks the workspace's account row until this commits: concurrent submits
+        # are checked one after another, each seeing the jobs the earlier ones wrote.
+        hooks.money().require_funds(
+            workspace=workspace, first_hour_micros=plan.price_per_hour_micros
         )
         job = TrainingJob.objects.create(
             workspace=workspace,

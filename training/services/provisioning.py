@@ -10,6 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from providers import catalog
+from providers import services as provider_services
 from providers.base import (
     CapacityError,
     ControlPlaneUnreachable,
@@ -60,7 +61,9 @@ def launch_job(*, job_id: int) -> str:
     tried = []
     for zone in zones:
         try:
-            instance = reserve_instance(job=job, zone=zone, gpu=gpu)
+            instance = reserve_instance(
+                job=job, zone=zone, gpu=gpu, queued_ahead=lambda: _queued_ahead(job)
+            )
         except NoFreeSlot:
             TrainingJob.objects.filter(pk=job.pk).update(launch_claimed_at=None)
             return "waiting for a free slot"
@@ -302,3 +305,26 @@ def recover_stalled_launch(*, job: TrainingJob) -> str:
     JobEvent.objects.create(job=job, type="launch_retried", detail={"after": "a stalled launch"})
     enqueue_on_commit("training.tasks.provision_job", job_id=job.pk)
     return "released: launching again"
+
+
+def _queued_ahead(job: TrainingJob) -> int:
+    """First come, first served: the free slots belong to the oldest queued jobs."""
+    return TrainingJob.objects.filter(
+        provider=job.provider, status=JobStatus.QUEUED, pk__lt=job.pk
+    ).count()
+
+
+def sweep_orphans() -> list[str]:
+    """Terminate every provider machine tagged as ours that no live job owns (see
+    `providers.services.sweep_orphans`); returns their instance ids."""
+    return provider_services.sweep_orphans(live_jobs=_live_jobs)
+
+
+def _live_jobs(job_ids: set[str]) -> dict[str, str | None]:
+    """Of these job ids, the jobs not ended, each with its recorded instance id (None or empty
+    while its launch is in flight)."""
+    return dict(
+        TrainingJob.objects.filter(public_id__in=job_ids)
+        .exclude(status__in=TERMINAL)
+        .values_list("public_id", "instance__external_id")
+    )

@@ -22,6 +22,7 @@ from training.models import (
     TrainingJob,
 )
 from training.services import jobs
+from veri.money import compute_micros
 from veri.queue import enqueue_on_commit
 
 S = JobStatus
@@ -66,8 +67,8 @@ def split_compute(
     kept_until = max(launched_at, min(checkpoint_at or launched_at, ended_at))
     price = price_per_hour_micros
     return (
-        jobs.compute_micros(price_per_hour_micros=price, start=launched_at, end=kept_until),
-        jobs.compute_micros(price_per_hour_micros=price, start=kept_until, end=ended_at),
+        compute_micros(price_per_hour_micros=price, start=launched_at, end=kept_until),
+        compute_micros(price_per_hour_micros=price, start=kept_until, end=ended_at),
     )
 
 

@@ -5,9 +5,10 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from billing.services import micros_from_usd, open_billing_account, usd
+from billing.services import open_billing_account
 from veri import services
 from veri.errors import VeriError
+from veri.money import micros_from_usd, usd
 
 
 class Command(BaseCommand):

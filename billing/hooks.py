@@ -1,0 +1,34 @@
+"""Billing's answers to training's money hook (`training.hooks.Money`), registered when the app
+loads: training asks through it without importing billing."""
+
+from datetime import datetime
+
+from billing import jobs, selectors, services
+from billing.models import BillingAccount
+from training.models import TrainingJob
+from veri.errors import PaymentRequired
+from veri.models import Workspace
+
+
+class TrainingMoney:
+    def check_account(self, *, workspace: Workspace) -> None:
+        if not BillingAccount.objects.filter(workspace=workspace).exists():
+            raise PaymentRequired(
+                "This workspace has no billing account; add one before submitting jobs."
+            )
+
+    def require_funds(self, *, workspace: Workspace, first_hour_micros: int) -> None:
+        services.require_funds(
+            workspace=workspace,
+            first_hour_micros=first_hour_micros,
+            held_micros=lambda: selectors.unbilled(workspace=workspace).held_micros,
+        )
+
+    def attributed_cost_micros(self, *, job: TrainingJob) -> int:
+        return jobs.attributed_cost_micros(job=job)
+
+    def settle(self, *, job_id: int) -> None:
+        services.settle_job_money(job_id=job_id)
+
+    def enforce_stops(self, *, active: list[TrainingJob], now: datetime) -> dict[str, int]:
+        return jobs.enforce_stops(active=active, now=now)
