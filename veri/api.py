@@ -3,11 +3,12 @@
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import secrets
 from datetime import datetime
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import transaction
@@ -24,6 +25,7 @@ from veri.models import ApiKey, Workspace
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 MAX_CURSOR_CHARS = 1000
+NONCE_BYTES = 12
 
 
 def list_schema(
@@ -158,15 +160,8 @@ class WorkspaceView(ValidatingView):
         return idempotency.fingerprint(self.request.path, body)
 
 
-def _cursor_key(purpose: bytes) -> bytes:
-    return hashlib.sha256(b"veri-cursor-" + purpose + settings.SECRET_KEY.encode()).digest()
-
-
-def _keystream(nonce: bytes, length: int) -> bytes:
-    key, blocks = _cursor_key(b"encrypt"), []
-    for counter in range(0, length, 32):
-        blocks.append(hmac.new(key, nonce + counter.to_bytes(4, "big"), hashlib.sha256).digest())
-    return b"".join(blocks)[:length]
+def _cursor_cipher() -> AESGCM:
+    return AESGCM(hashlib.sha256(b"veri-cursor-aead" + settings.SECRET_KEY.encode()).digest())
 
 
 def _cursor_list(queryset: QuerySet, name: str) -> str:
@@ -181,24 +176,24 @@ def _cursor_list(queryset: QuerySet, name: str) -> str:
 
 
 def _encode_cursor(list_name: str, value) -> str:
-    """The position after a page, sealed: encrypted (a row's id would tell how many rows all
-    workspaces made meanwhile) and authenticated (a cursor we did not give out is refused)."""
+    """The position after a page, sealed with AES-GCM: encrypted (a row's id would tell how
+    many rows all workspaces made meanwhile) and authenticated (a cursor we did not give out is
+    refused)."""
     if isinstance(value, datetime):
         value = value.isoformat()
-    plain, nonce = json.dumps([list_name, value]).encode(), secrets.token_bytes(12)
-    body = nonce + bytes(a ^ b for a, b in zip(plain, _keystream(nonce, len(plain)), strict=True))
-    tag = hmac.new(_cursor_key(b"sign"), body, hashlib.sha256).digest()[:16]
-    return base64.urlsafe_b64encode(body + tag).decode().rstrip("=")
+    plain, nonce = json.dumps([list_name, value]).encode(), secrets.token_bytes(NONCE_BYTES)
+    sealed = nonce + _cursor_cipher().encrypt(nonce, plain, None)
+    return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
 
 def _open_cursor(cursor: str) -> bytes:
     raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    body, tag = raw[:-16], raw[-16:]
-    expected = hmac.new(_cursor_key(b"sign"), body, hashlib.sha256).digest()[:16]
-    if len(raw) < 29 or not hmac.compare_digest(tag, expected):
+    if len(raw) <= NONCE_BYTES + 16:  # a nonce, at least one byte, AES-GCM's 16-byte tag
         raise ValueError("not a cursor we gave out")
-    nonce, sealed = body[:12], body[12:]
-    return bytes(a ^ b for a, b in zip(sealed, _keystream(nonce, len(sealed)), strict=True))
+    try:
+        return _cursor_cipher().decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], None)
+    except InvalidTag:
+        raise ValueError("not a cursor we gave out") from None
 
 
 def _decode_cursor(cursor: str, list_name: str, field) -> object:
