@@ -72,6 +72,9 @@ class HasApiKey(permissions.BasePermission):
 class _WorkUndone(Exception):
     """Rolls back a keyed request's work that ended without an answer to keep."""
 
+    def __init__(self, response):
+        self.response = response
+
 
 class _Replay(Exception):
     def __init__(self, record):
@@ -86,7 +89,6 @@ class WorkspaceView(ValidatingView):
     permission_classes = [HasApiKey]
     workspace: Workspace
     claim = None
-    claim_work = None
 
     def initial(self, request: Request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)  # authenticates: 401 stops here
@@ -99,48 +101,64 @@ class WorkspaceView(ValidatingView):
             if outcome.replay:
                 raise _Replay(outcome.record)
             self.claim = outcome.record
-            # The work and its recorded answer commit together: a request dying between them
-            # must not leave the work done and the key open for a retry to do it again.
-            self.claim_work = transaction.atomic()
-            self.claim_work.__enter__()
-
-    def _end_claim(self, *, answer: Response | None) -> None:
-        """Commit the work with `answer` recorded for replays, or roll it back (no answer, or a
-        5xx) and release the key so that a retry does the work."""
-        claim, work, self.claim, self.claim_work = self.claim, self.claim_work, None, None
-        try:
-            if answer is not None:
-                idempotency.record_answer(
-                    record=claim, status_code=answer.status_code, body=answer.data
-                )
-        except BaseException as exc:
-            work.__exit__(type(exc), exc, exc.__traceback__)
-            idempotency.release(record=claim)
-            raise
-        if answer is None:
-            work.__exit__(_WorkUndone, _WorkUndone(), None)
-            idempotency.release(record=claim)
-        else:
-            work.__exit__(None, None, None)
 
     def dispatch(self, request, *args, **kwargs):
+        """DRF's dispatch, with one difference: after `initial` has claimed an idempotency key,
+        the work runs in `_keyed_work`'s transaction."""
+        self.args, self.kwargs = args, kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request, self.headers = request, self.default_response_headers
         try:
-            return super().dispatch(request, *args, **kwargs)
-        finally:
-            if self.claim is not None:  # the work crashed before an answer: a retry redoes it
-                self._end_claim(answer=None)
+            self.initial(request, *args, **kwargs)
+        except Exception as exc:
+            response = self.finalize_response(request, self.handle_exception(exc), *args, **kwargs)
+        else:
+            if self.claim is None:
+                response = self._work(request, *args, **kwargs)
+            else:
+                response = self._keyed_work(request, *args, **kwargs)
+        self.response = response
+        return response
+
+    def _work(self, request, *args, **kwargs):
+        """The handler's answer, or its exception's, finalized (as in DRF's dispatch)."""
+        method = request.method.lower()
+        if method in self.http_method_names:
+            handler = getattr(self, method, self.http_method_not_allowed)
+        else:
+            handler = self.http_method_not_allowed
+        try:
+            response = handler(request, *args, **kwargs)
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        return self.finalize_response(request, response, *args, **kwargs)
+
+    def _keyed_work(self, request, *args, **kwargs):
+        """The work and its recorded answer commit together: a request dying between them must
+        not leave the work done and the key open for a retry to do it again. Without an answer
+        to keep (a crash, or a 5xx) the work is rolled back and the key released, so that a
+        retry does the work."""
+        claim, self.claim = self.claim, None
+        try:
+            with transaction.atomic():
+                response = self._work(request, *args, **kwargs)
+                if response.status_code >= 500 or not isinstance(response, Response):
+                    raise _WorkUndone(response)
+                idempotency.record_answer(
+                    record=claim, status_code=response.status_code, body=response.data
+                )
+        except _WorkUndone as undone:
+            idempotency.release(record=claim)
+            return undone.response
+        except BaseException:
+            idempotency.release(record=claim)
+            raise
+        return response
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Replay):
             return Response(exc.record.body, status=exc.record.status_code)
         return super().handle_exception(exc)
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        response = super().finalize_response(request, response, *args, **kwargs)
-        if self.claim is not None:
-            kept = response.status_code < 500 and isinstance(response, Response)
-            self._end_claim(answer=response if kept else None)
-        return response
 
     def request_fingerprint(self) -> str:
         """The request's path and body; an uploaded file counts by its content, not its name."""
