@@ -1,33 +1,48 @@
 """Settings, read once from the environment; every default works on one machine."""
 
-import os
 import sys
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+import environ
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STATE_DIR = BASE_DIR / ".veri"
 
 
-def env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name, default)
+class Env(environ.Env):
+    """django-environ, with three of its conveniences off so that every setting means what it
+    did when it was parsed by hand: a value starting with `$` is that value (not a reference to
+    another variable: a generated SECRET_KEY may start with one), an empty value is "" (not
+    None), a boolean is true for 1/true/yes/on only, and a float is Python's float() (not
+    stripped of all but digits)."""
+
+    BOOLEAN_TRUE_STRINGS = ("1", "true", "yes", "on")
+
+    def get_value(self, var, cast=None, default=environ.Env.NOTSET, parse_default=False):
+        value = self.ENVIRON.get(f"{self.prefix}{var}")
+        if isinstance(value, str) and (value == "" or value.startswith("$")):
+            return self.parse_value(value, cast)
+        return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+
+    @classmethod
+    def parse_value(cls, value, cast):
+        if cast is bool and isinstance(value, str):
+            return value.strip().lower() in cls.BOOLEAN_TRUE_STRINGS
+        if cast is float and isinstance(value, str):
+            return float(value)
+        return super().parse_value(value, cast)
 
 
-def env_bool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+env = Env()
 
-
-DEBUG = env_bool("DEBUG")
+DEBUG = env.bool("DEBUG", default=False)
 # The embedded default keeps a generated key under .veri/; production must set SECRET_KEY.
-SECRET_KEY = env("SECRET_KEY")
+SECRET_KEY = env.str("SECRET_KEY", default=None)
 if not SECRET_KEY:
-    if env_bool("VERI_PRODUCTION"):
+    if env.bool("VERI_PRODUCTION", default=False):
         raise ImproperlyConfigured("SECRET_KEY must be set in production (VERI_PRODUCTION=1).")
     key_file = STATE_DIR / "secret_key"
     if not key_file.exists():
@@ -37,7 +52,9 @@ if not SECRET_KEY:
         key_file.write_text(secrets.token_urlsafe(50))
     SECRET_KEY = key_file.read_text().strip()
 
-ALLOWED_HOSTS = (env("ALLOWED_HOSTS") or "127.0.0.1,localhost,testserver,[::1]").split(",")
+ALLOWED_HOSTS = (
+    env.str("ALLOWED_HOSTS", default=None) or "127.0.0.1,localhost,testserver,[::1]"
+).split(",")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -93,14 +110,14 @@ TEMPLATES = [
     }
 ]
 
-DATABASE_URL = env("DATABASE_URL") or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
+DATABASE_URL = env.str("DATABASE_URL", default=None) or f"sqlite:///{STATE_DIR / 'db.sqlite3'}"
 try:
     DATABASES = {
         "default": dj_database_url.parse(
             DATABASE_URL,
             # Seconds a web or task process keeps its connection (0: one per request); a kept one
             # is checked before each request, so a restarted database costs no failed request.
-            conn_max_age=int(env("VERI_DB_CONN_MAX_AGE", "0")),
+            conn_max_age=env.int("VERI_DB_CONN_MAX_AGE", default=0),
             conn_health_checks=True,
         )
     }
@@ -125,11 +142,11 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 AUTHENTICATION_BACKENDS = ["config.signin.SignInThrottle", "veri.auth.EmailBackend"]
 # Sign-in throttling (django-axes, see config/signin.py): failures per account and per address.
-VERI_SIGNIN_FAILURE_LIMIT = int(env("VERI_SIGNIN_FAILURE_LIMIT", "5"))
-VERI_SIGNIN_LOCKOUT_MINUTES = int(env("VERI_SIGNIN_LOCKOUT_MINUTES", "15"))
+VERI_SIGNIN_FAILURE_LIMIT = env.int("VERI_SIGNIN_FAILURE_LIMIT", default=5)
+VERI_SIGNIN_LOCKOUT_MINUTES = env.int("VERI_SIGNIN_LOCKOUT_MINUTES", default=15)
 # Proxies in front of the web processes that append the client's address to X-Forwarded-For
 # (0: clients connect directly, and the header is the client's to forge).
-VERI_TRUSTED_PROXY_COUNT = int(env("VERI_TRUSTED_PROXY_COUNT", "0"))
+VERI_TRUSTED_PROXY_COUNT = env.int("VERI_TRUSTED_PROXY_COUNT", default=0)
 AXES_FAILURE_LIMIT = VERI_SIGNIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=VERI_SIGNIN_LOCKOUT_MINUTES)
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
@@ -140,7 +157,7 @@ AXES_CLIENT_IP_CALLABLE = "config.signin.client_ip"
 AXES_LOCKOUT_CALLABLE = "config.signin.locked_out"
 AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]
 # A production deployment is served over HTTPS: its session and CSRF cookies never travel in clear.
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("VERI_PRODUCTION")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("VERI_PRODUCTION", default=False)
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -195,11 +212,11 @@ SPECTACULAR_SETTINGS = {
 
 # The task broker: the database by default, Redis when VERI_REDIS_URL is set (production: several
 # qcluster processes share its queue). Work the broker loses is re-queued from the database.
-VERI_REDIS_URL = env("VERI_REDIS_URL")
+VERI_REDIS_URL = env.str("VERI_REDIS_URL", default=None)
 Q_CLUSTER = {
     "name": "veri",
     **({"redis": VERI_REDIS_URL} if VERI_REDIS_URL else {"orm": "default"}),
-    "workers": int(env("VERI_Q_WORKERS", "3")),  # one is taken by the watchdog loop
+    "workers": env.int("VERI_Q_WORKERS", default=3),  # one is taken by the watchdog loop
     "timeout": 600,
     "retry": 720,  # must exceed timeout, or a long task is handed out twice
     "max_attempts": 3,
@@ -212,37 +229,43 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env("VERI_LOG_LEVEL", "WARNING")},
+    "root": {"handlers": ["console"], "level": env.str("VERI_LOG_LEVEL", default="WARNING")},
 }
 
 # Veri
-VERI_STORE = env("VERI_STORE") or f"file://{STATE_DIR / 'store'}"
-AWS_ENDPOINT_URL = env("AWS_ENDPOINT_URL")
-AWS_REGION = env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
+VERI_STORE = env.str("VERI_STORE", default=None) or f"file://{STATE_DIR / 'store'}"
+AWS_ENDPOINT_URL = env.str("AWS_ENDPOINT_URL", default=None)
+AWS_REGION = (
+    env.str("AWS_REGION", default=None)
+    or env.str("AWS_DEFAULT_REGION", default=None)
+    or "us-east-1"
+)
 # The role the control plane assumes (STS) to hand workers credentials scoped to one volume's
 # prefix (S3 store only). Unset: the store has no STS (Runpod's, many MinIO setups), and workers
 # get a presigned GET URL per file instead, with the same lifetime.
-VERI_STS_ROLE_ARN = env("VERI_STS_ROLE_ARN") or ""
+VERI_STS_ROLE_ARN = env.str("VERI_STS_ROLE_ARN", default="")
 # The KMS key a bucket's objects are encrypted with (SSE-KMS): scoped credentials may use it
 # through S3 (kms:Decrypt to read; kms:GenerateDataKey too to write), that key and no other.
-VERI_STORE_KMS_KEY_ARN = env("VERI_STORE_KMS_KEY_ARN") or ""
-VERI_MULTIPART_THRESHOLD = int(env("VERI_MULTIPART_THRESHOLD", str(5 * 1024**3)))
-VERI_MULTIPART_PART_SIZE = int(env("VERI_MULTIPART_PART_SIZE", str(64 * 1024**2)))
-VERI_PRESIGN_TTL_SECONDS = int(env("VERI_PRESIGN_TTL_SECONDS", "3600"))
-VERI_DEFAULT_REGION = env("VERI_DEFAULT_REGION", "us-east-1")
-VERI_STALE_UPLOAD_SECONDS = int(env("VERI_STALE_UPLOAD_SECONDS", str(24 * 3600)))
+VERI_STORE_KMS_KEY_ARN = env.str("VERI_STORE_KMS_KEY_ARN", default="")
+VERI_MULTIPART_THRESHOLD = env.int("VERI_MULTIPART_THRESHOLD", default=5 * 1024**3)
+VERI_MULTIPART_PART_SIZE = env.int("VERI_MULTIPART_PART_SIZE", default=64 * 1024**2)
+VERI_PRESIGN_TTL_SECONDS = env.int("VERI_PRESIGN_TTL_SECONDS", default=3600)
+VERI_DEFAULT_REGION = env.str("VERI_DEFAULT_REGION", default="us-east-1")
+VERI_STALE_UPLOAD_SECONDS = env.int("VERI_STALE_UPLOAD_SECONDS", default=24 * 3600)
 # A JSON body's limit (a 500-file upload batch is ~0.5 MB, a worker's log batch at most ~1 MB).
-VERI_MAX_JSON_BYTES = int(env("VERI_MAX_JSON_BYTES", str(4 * 1024**2)))
+VERI_MAX_JSON_BYTES = env.int("VERI_MAX_JSON_BYTES", default=4 * 1024**2)
 DATA_UPLOAD_MAX_MEMORY_SIZE = VERI_MAX_JSON_BYTES
-VERI_QUERY_COUNT_HEADER = env_bool("VERI_QUERY_COUNT_HEADER")  # Veri-Db-Queries on responses
-VERI_IDEMPOTENCY_WAIT_SECONDS = float(env("VERI_IDEMPOTENCY_WAIT_SECONDS", "10"))
-VERI_IDEMPOTENCY_STALE_SECONDS = int(env("VERI_IDEMPOTENCY_STALE_SECONDS", "600"))
-VERI_IDEMPOTENCY_KEEP_SECONDS = int(env("VERI_IDEMPOTENCY_KEEP_SECONDS", str(24 * 3600)))
+# Veri-Db-Queries on responses
+VERI_QUERY_COUNT_HEADER = env.bool("VERI_QUERY_COUNT_HEADER", default=False)
+VERI_IDEMPOTENCY_WAIT_SECONDS = env.float("VERI_IDEMPOTENCY_WAIT_SECONDS", default=10.0)
+VERI_IDEMPOTENCY_STALE_SECONDS = env.int("VERI_IDEMPOTENCY_STALE_SECONDS", default=600)
+VERI_IDEMPOTENCY_KEEP_SECONDS = env.int("VERI_IDEMPOTENCY_KEEP_SECONDS", default=24 * 3600)
 
 # Training and providers
-VERI_PUBLIC_URL = env("VERI_PUBLIC_URL", "http://127.0.0.1:8000")  # what workers call back
-VERI_DATASET_MAX_BYTES = int(env("VERI_DATASET_MAX_BYTES", str(100 * 1024**2)))
-VERI_DEFAULT_PROVIDER = env("VERI_DEFAULT_PROVIDER")
+# What workers call back.
+VERI_PUBLIC_URL = env.str("VERI_PUBLIC_URL", default="http://127.0.0.1:8000")
+VERI_DATASET_MAX_BYTES = env.int("VERI_DATASET_MAX_BYTES", default=100 * 1024**2)
+VERI_DEFAULT_PROVIDER = env.str("VERI_DEFAULT_PROVIDER", default=None)
 # Which providers this deployment offers (VERI_PROVIDERS=local,aws), and their adapters.
 KNOWN_PROVIDER_ADAPTERS = {
     "local": "providers.local.LocalProvider",
@@ -251,93 +274,103 @@ KNOWN_PROVIDER_ADAPTERS = {
     "vast": "providers.vast.VastProvider",
     "gcp": "providers.gcp.GcpProvider",
 }
-VERI_PROVIDERS = [p.strip() for p in (env("VERI_PROVIDERS") or "local").split(",") if p.strip()]
+VERI_PROVIDERS = [
+    p.strip() for p in (env.str("VERI_PROVIDERS", default=None) or "local").split(",") if p.strip()
+]
 if unknown := set(VERI_PROVIDERS) - set(KNOWN_PROVIDER_ADAPTERS):
     raise ImproperlyConfigured(
         f"VERI_PROVIDERS names unknown providers {sorted(unknown)}; known: "
         f"{', '.join(KNOWN_PROVIDER_ADAPTERS)}."
     )
 VERI_PROVIDER_ADAPTERS = {name: KNOWN_PROVIDER_ADAPTERS[name] for name in VERI_PROVIDERS}
-VERI_AWS_AMI_ID = env("VERI_AWS_AMI_ID")  # unset: AWS's Deep Learning AMI, looked up per region
-VERI_AWS_DISK_GB = int(env("VERI_AWS_DISK_GB", "200"))
-DIGITALOCEAN_TOKEN = env("DIGITALOCEAN_TOKEN")
-VERI_DIGITALOCEAN_API_URL = env("VERI_DIGITALOCEAN_API_URL") or "https://api.digitalocean.com"
-VAST_API_KEY = env("VAST_API_KEY")
-VERI_VAST_API_URL = env("VERI_VAST_API_URL") or "https://console.vast.ai"
-VERI_VAST_IMAGE = env("VERI_VAST_IMAGE") or "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
-VERI_VAST_DISK_GB = int(env("VERI_VAST_DISK_GB", "100"))
-VERI_GCP_PROJECT = env("VERI_GCP_PROJECT")
-GOOGLE_APPLICATION_CREDENTIALS = env("GOOGLE_APPLICATION_CREDENTIALS")
-VERI_GCP_API_URL = env("VERI_GCP_API_URL")
-VERI_GCP_IMAGE = env("VERI_GCP_IMAGE") or (
+# Unset: AWS's Deep Learning AMI, looked up per region.
+VERI_AWS_AMI_ID = env.str("VERI_AWS_AMI_ID", default=None)
+VERI_AWS_DISK_GB = env.int("VERI_AWS_DISK_GB", default=200)
+DIGITALOCEAN_TOKEN = env.str("DIGITALOCEAN_TOKEN", default=None)
+VERI_DIGITALOCEAN_API_URL = (
+    env.str("VERI_DIGITALOCEAN_API_URL", default=None) or "https://api.digitalocean.com"
+)
+VAST_API_KEY = env.str("VAST_API_KEY", default=None)
+VERI_VAST_API_URL = env.str("VERI_VAST_API_URL", default=None) or "https://console.vast.ai"
+VERI_VAST_IMAGE = (
+    env.str("VERI_VAST_IMAGE", default=None) or "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+)
+VERI_VAST_DISK_GB = env.int("VERI_VAST_DISK_GB", default=100)
+VERI_GCP_PROJECT = env.str("VERI_GCP_PROJECT", default=None)
+GOOGLE_APPLICATION_CREDENTIALS = env.str("GOOGLE_APPLICATION_CREDENTIALS", default=None)
+VERI_GCP_API_URL = env.str("VERI_GCP_API_URL", default=None)
+VERI_GCP_IMAGE = env.str("VERI_GCP_IMAGE", default=None) or (
     "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
 )
-VERI_GCP_DISK_GB = int(env("VERI_GCP_DISK_GB", "200"))
-VERI_GCP_MAX_GPUS = int(env("VERI_GCP_MAX_GPUS", "1"))  # Flex-start's GPUs at once
+VERI_GCP_DISK_GB = env.int("VERI_GCP_DISK_GB", default=200)
+VERI_GCP_MAX_GPUS = env.int("VERI_GCP_MAX_GPUS", default=1)  # Flex-start's GPUs at once
 # A rented machine installs the worker this control plane serves (providers/worker_dist.py) into
 # a Python of this version, with the wheelhouse stored for it. Optional mirror overrides: a
 # package to install instead (VERI_WORKER_PACKAGE, e.g. `veri[worker]==0.1.0`) and the index to
 # take it, or the dependencies when no wheelhouse can be fetched, from (VERI_WORKER_INDEX_URL);
 # VERI_WORKER_PYTHON_MIRROR: where uv downloads a Python when the image has none of that version.
-VERI_WORKER_PYTHON = env("VERI_WORKER_PYTHON") or "3.11"
-VERI_WORKER_PACKAGE = env("VERI_WORKER_PACKAGE")
-VERI_WORKER_INDEX_URL = env("VERI_WORKER_INDEX_URL")
-VERI_WORKER_PYTHON_MIRROR = env("VERI_WORKER_PYTHON_MIRROR")
-VERI_LOCAL_PRICE_PER_HOUR = env("VERI_LOCAL_PRICE_PER_HOUR", "0.10")
-VERI_LOCAL_SLOTS = int(env("VERI_LOCAL_SLOTS", "1"))
-VERI_LOCAL_INSTANCES_DIR = env("VERI_LOCAL_INSTANCES_DIR") or str(STATE_DIR / "instances")
+VERI_WORKER_PYTHON = env.str("VERI_WORKER_PYTHON", default=None) or "3.11"
+VERI_WORKER_PACKAGE = env.str("VERI_WORKER_PACKAGE", default=None)
+VERI_WORKER_INDEX_URL = env.str("VERI_WORKER_INDEX_URL", default=None)
+VERI_WORKER_PYTHON_MIRROR = env.str("VERI_WORKER_PYTHON_MIRROR", default=None)
+VERI_LOCAL_PRICE_PER_HOUR = env.str("VERI_LOCAL_PRICE_PER_HOUR", default="0.10")
+VERI_LOCAL_SLOTS = env.int("VERI_LOCAL_SLOTS", default=1)
+VERI_LOCAL_INSTANCES_DIR = env.str("VERI_LOCAL_INSTANCES_DIR", default=None) or str(
+    STATE_DIR / "instances"
+)
 # Local workers are offline unless HF_HUB_OFFLINE is set to a false value; then a hub id must
 # already be in this machine's Hugging Face cache.
-VERI_LOCAL_HUB_OFFLINE = (env("HF_HUB_OFFLINE") or "1").strip().lower() not in {"0", "false", "no"}
+hub_offline = env.str("HF_HUB_OFFLINE", default=None) or "1"
+VERI_LOCAL_HUB_OFFLINE = hub_offline.strip().lower() not in {"0", "false", "no"}
 VERI_LOCAL_HF_CACHE = (
-    env("HF_HUB_CACHE")
-    or (f"{env('HF_HOME')}/hub" if env("HF_HOME") else None)
+    env.str("HF_HUB_CACHE", default=None)
+    or (f"{hf_home}/hub" if (hf_home := env.str("HF_HOME", default=None)) else None)
     or str(Path.home() / ".cache" / "huggingface" / "hub")
 )
 VERI_LOCAL_WORKER_COMMAND = (
-    env("VERI_LOCAL_WORKER_COMMAND") or f"{sys.executable} -m worker"
+    env.str("VERI_LOCAL_WORKER_COMMAND", default=None) or f"{sys.executable} -m worker"
 ).split()
 # A launch that has not recorded its machine by then is taken for dead (its task worker killed):
 # the machine is adopted if the provider has one tagged with the job, else the launch is retried.
-VERI_LAUNCH_STALL_SECONDS = int(env("VERI_LAUNCH_STALL_SECONDS", "120"))
+VERI_LAUNCH_STALL_SECONDS = env.int("VERI_LAUNCH_STALL_SECONDS", default=120)
 # An ended job not settled (charged, refunded) this long after it ended is settled again.
-VERI_SETTLE_RETRY_SECONDS = int(env("VERI_SETTLE_RETRY_SECONDS", "60"))
-VERI_PROVISIONING_TIMEOUT_SECONDS = int(env("VERI_PROVISIONING_TIMEOUT_SECONDS", "900"))
+VERI_SETTLE_RETRY_SECONDS = env.int("VERI_SETTLE_RETRY_SECONDS", default=60)
+VERI_PROVISIONING_TIMEOUT_SECONDS = env.int("VERI_PROVISIONING_TIMEOUT_SECONDS", default=900)
 # A local worker that has not registered by then cannot reach VERI_PUBLIC_URL (it retries ~2 min).
-VERI_LOCAL_REGISTER_TIMEOUT_SECONDS = int(env("VERI_LOCAL_REGISTER_TIMEOUT_SECONDS", "150"))
-VERI_CONFIGURING_TIMEOUT_SECONDS = int(env("VERI_CONFIGURING_TIMEOUT_SECONDS", "1800"))
-VERI_WORKER_SILENT_SECONDS = int(env("VERI_WORKER_SILENT_SECONDS", "900"))
+VERI_LOCAL_REGISTER_TIMEOUT_SECONDS = env.int("VERI_LOCAL_REGISTER_TIMEOUT_SECONDS", default=150)
+VERI_CONFIGURING_TIMEOUT_SECONDS = env.int("VERI_CONFIGURING_TIMEOUT_SECONDS", default=1800)
+VERI_WORKER_SILENT_SECONDS = env.int("VERI_WORKER_SILENT_SECONDS", default=900)
 # A multi-GPU job making no step for the longer of this and three times its median step time,
 # its worker still answering, is training_stalled.
-VERI_STALL_SECONDS = int(env("VERI_STALL_SECONDS", "600"))
-VERI_LOG_ARCHIVE_SECONDS = int(env("VERI_LOG_ARCHIVE_SECONDS", "10"))
+VERI_STALL_SECONDS = env.int("VERI_STALL_SECONDS", default=600)
+VERI_LOG_ARCHIVE_SECONDS = env.int("VERI_LOG_ARCHIVE_SECONDS", default=10)
 # A job's whole log, in bytes: past it, lines are dropped (one marker line says so).
-VERI_MAX_LOG_BYTES = int(env("VERI_MAX_LOG_BYTES", str(100 * 1024**2)))
+VERI_MAX_LOG_BYTES = env.int("VERI_MAX_LOG_BYTES", default=100 * 1024**2)
 # How often every provider is asked for machines tagged as ours whose job has ended.
-VERI_SWEEP_SECONDS = int(env("VERI_SWEEP_SECONDS", "300"))
-VERI_WATCH_PERIOD_SECONDS = float(env("VERI_WATCH_PERIOD_SECONDS", "5"))
-STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY") or ""
-STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET") or ""
-STRIPE_API_BASE = env("STRIPE_API_BASE") or ""  # tests point it at a fake; empty: Stripe's own
+VERI_SWEEP_SECONDS = env.int("VERI_SWEEP_SECONDS", default=300)
+VERI_WATCH_PERIOD_SECONDS = env.float("VERI_WATCH_PERIOD_SECONDS", default=5.0)
+STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
+STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
+STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="")  # tests: a fake; empty: Stripe's own
 # Names this deployment in what it sends to Stripe (idempotency keys, metadata), so that two
 # databases sharing one Stripe account never collide; empty: an id generated once and kept in the
 # database (set it when a database is restored or cloned next to the one it came from).
-STRIPE_DEPLOYMENT_ID = env("STRIPE_DEPLOYMENT_ID") or ""
+STRIPE_DEPLOYMENT_ID = env.str("STRIPE_DEPLOYMENT_ID", default="")
 # Stripe keeps an idempotency key's first answer (a 500 included) for at least a day: a balance
 # transaction it answered 500 is looked up, then re-sent under a new key, only after this.
-STRIPE_IDEMPOTENCY_WINDOW_SECONDS = int(env("STRIPE_IDEMPOTENCY_WINDOW_SECONDS", "86400"))
+STRIPE_IDEMPOTENCY_WINDOW_SECONDS = env.int("STRIPE_IDEMPOTENCY_WINDOW_SECONDS", default=86400)
 # Per Stripe request (connect and read); a request path waits for at most three of them.
-STRIPE_TIMEOUT_SECONDS = float(env("STRIPE_TIMEOUT_SECONDS", "15"))
-VERI_STORAGE_PRICE_PER_GIB_MONTH = env("VERI_STORAGE_PRICE_PER_GIB_MONTH", "0.07")
-VERI_STOP_GRACE_SECONDS = int(env("VERI_STOP_GRACE_SECONDS", "120"))
-VERI_BALANCE_GRACE_SECONDS = int(env("VERI_BALANCE_GRACE_SECONDS", "300"))
+STRIPE_TIMEOUT_SECONDS = env.float("STRIPE_TIMEOUT_SECONDS", default=15.0)
+VERI_STORAGE_PRICE_PER_GIB_MONTH = env.str("VERI_STORAGE_PRICE_PER_GIB_MONTH", default="0.07")
+VERI_STOP_GRACE_SECONDS = env.int("VERI_STOP_GRACE_SECONDS", default=120)
+VERI_BALANCE_GRACE_SECONDS = env.int("VERI_BALANCE_GRACE_SECONDS", default=300)
 # GRPO alarms (job events): the reward flat for N steps, KL past a threshold and rising,
 # every sampled completion of N sampled steps the same.
-VERI_ALARM_FLAT_STEPS = int(env("VERI_ALARM_FLAT_STEPS", "20"))
-VERI_ALARM_FLAT_SPREAD = float(env("VERI_ALARM_FLAT_SPREAD", "0.000001"))
-VERI_ALARM_KL_MAX = float(env("VERI_ALARM_KL_MAX", "1.0"))
-VERI_ALARM_COLLAPSED_STEPS = int(env("VERI_ALARM_COLLAPSED_STEPS", "3"))
+VERI_ALARM_FLAT_STEPS = env.int("VERI_ALARM_FLAT_STEPS", default=20)
+VERI_ALARM_FLAT_SPREAD = env.float("VERI_ALARM_FLAT_SPREAD", default=0.000001)
+VERI_ALARM_KL_MAX = env.float("VERI_ALARM_KL_MAX", default=1.0)
+VERI_ALARM_COLLAPSED_STEPS = env.int("VERI_ALARM_COLLAPSED_STEPS", default=3)
 # A job token's lifetime; the worker's runner renews its token halfway through, and the token it
 # renewed with keeps working for the overlap (requests already on their way), then dies.
-VERI_JOB_TOKEN_TTL_SECONDS = int(env("VERI_JOB_TOKEN_TTL_SECONDS", str(14 * 24 * 3600)))
-VERI_JOB_TOKEN_OVERLAP_SECONDS = int(env("VERI_JOB_TOKEN_OVERLAP_SECONDS", "600"))
+VERI_JOB_TOKEN_TTL_SECONDS = env.int("VERI_JOB_TOKEN_TTL_SECONDS", default=14 * 24 * 3600)
+VERI_JOB_TOKEN_OVERLAP_SECONDS = env.int("VERI_JOB_TOKEN_OVERLAP_SECONDS", default=600)

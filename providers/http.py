@@ -3,11 +3,17 @@ DigitalOcean): a bearer token, timeouts, and retries with backoff on connection 
 5xx (honouring Retry-After). A create is not idempotent on these APIs: its retries look the
 machine up first (`adopt`), so an answer lost after the provider accepted rents one machine."""
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+)
 
 from providers.base import ProviderError, ProviderUnavailable
 
@@ -47,34 +53,46 @@ class RestClient:
         any work, so it is simply sent again."""
         url = f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        for attempt in range(self.attempts):
-            last = attempt == self.attempts - 1
+
+        def send() -> httpx.Response | dict:
             try:
                 response = httpx.request(
                     method, url, json=json, params=params, headers=headers, timeout=self.timeout
                 )
-            except httpx.TransportError as exc:
+            except httpx.TransportError:
                 if adopt is not None and (found := adopt()) is not None:
                     return found
-                if last:
-                    raise ProviderUnavailable(
-                        f"{self.provider} could not be reached ({type(exc).__name__})"
-                    ) from exc
-                time.sleep(self.backoff * 2**attempt)
-                continue
+                raise
             if response.status_code >= 500 and adopt is not None and (found := adopt()) is not None:
                 return found
-            if response.status_code in RETRIED_STATUSES and not last:
-                time.sleep(self._wait(response, attempt))
-                continue
-            try:
-                body = response.json() if response.content else {}
-            except ValueError:
-                body = response.text
-            if response.is_success:
-                return body if isinstance(body, dict) else {"data": body}
-            raise ProviderApiError(self.provider, response.status_code, body)
-        raise AssertionError("unreachable")
+            return response
+
+        try:
+            response = Retrying(
+                stop=stop_after_attempt(self.attempts),
+                wait=self._wait,
+                retry=retry_if_exception_type(httpx.TransportError)
+                | retry_if_result(
+                    lambda answer: (
+                        isinstance(answer, httpx.Response)
+                        and answer.status_code in RETRIED_STATUSES
+                    )
+                ),
+                retry_error_callback=lambda state: state.outcome.result(),
+            )(send)
+        except httpx.TransportError as exc:
+            raise ProviderUnavailable(
+                f"{self.provider} could not be reached ({type(exc).__name__})"
+            ) from exc
+        if isinstance(response, dict):
+            return response  # adopted
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            body = response.text
+        if response.is_success:
+            return body if isinstance(body, dict) else {"data": body}
+        raise ProviderApiError(self.provider, response.status_code, body)
 
     def delete(self, path: str) -> None:
         """Delete a resource; one already gone (404) is fine. A provider still failing with its
@@ -89,8 +107,12 @@ class RestClient:
             if exc.status != 404:
                 raise
 
-    def _wait(self, response: httpx.Response, attempt: int) -> float:
+    def _wait(self, state: RetryCallState) -> float:
+        """Retry-After (at most 30 seconds) when the answer gave one, else exponential."""
+        exponential = self.backoff * 2 ** (state.attempt_number - 1)
+        if state.outcome.failed:
+            return exponential
         try:
-            return min(float(response.headers.get("Retry-After", "")), 30.0)
+            return min(float(state.outcome.result().headers.get("Retry-After", "")), 30.0)
         except ValueError:
-            return self.backoff * 2**attempt
+            return exponential

@@ -4,7 +4,11 @@ dataset row shapes, and the reward-source check. Pure functions: no database, no
 import ast
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from rest_framework import serializers
+from rest_framework.fields import empty
 
 from veri.errors import VeriError
 from worker.rows import row_problem
@@ -93,72 +97,206 @@ LORA_DEFAULTS = {
 }
 
 
-def _number(value, param: Param, field: str):
-    if param.kind is str:
-        if value not in param.choices:
-            raise VeriError(
-                f"{field} must be one of {', '.join(param.choices)}.",
-                field=field,
+class _Given(serializers.Field):
+    """A field that takes the JSON value as sent: null too, checked like any other value (DRF
+    would answer its own "may not be null")."""
+
+    def validate_empty_values(self, data):
+        return super().validate_empty_values(data) if data is empty else (False, data)
+
+
+class _Refused(_Given):
+    """A key refused whatever its value: unknown, or not for this method."""
+
+    def __init__(self, message: str, *, code: str):
+        super().__init__()
+        self.message, self.code = message, code
+
+    def to_internal_value(self, data):
+        raise serializers.ValidationError(self.message, code=self.code)
+
+
+class HyperparameterField(_Given):
+    """One hyperparameter: a JSON number (never a string or a boolean), whole for an int, within
+    its range; or one of its choices."""
+
+    def __init__(self, param: Param):
+        super().__init__()
+        self.param = param
+
+    def to_internal_value(self, value):
+        param, field = self.param, f"hyperparameters.{self.field_name}"
+        if param.kind is str:
+            if value not in param.choices:
+                self.refuse(f"{field} must be one of {', '.join(param.choices)}.")
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.refuse(f"{field} must be a number.")
+        if param.kind is int and value != int(value):
+            self.refuse(f"{field} must be a whole number.")
+        value = param.kind(value)
+        too_low = param.low is not None and (
+            value <= param.low if param.low_exclusive else value < param.low
+        )
+        too_high = param.high is not None and value > param.high
+        if too_low or too_high:
+            low = f"above {param.low}" if param.low_exclusive else f"at least {param.low}"
+            self.refuse(f"{field} must be {low} and at most {param.high}; got {value}.")
+        return value
+
+    @staticmethod
+    def refuse(message: str):
+        raise serializers.ValidationError(message, code="invalid_hyperparameter")
+
+
+class HyperparametersIn(serializers.Serializer):
+    """A method's hyperparameters. One field per given key, in the order given, so the first
+    problem reported is the first key's; then the rules across keys, on the method's defaults
+    with the given values on top (which `validated_data` is)."""
+
+    def __init__(self, *, method: str, data: dict):
+        self.method = method
+        super().__init__(data=data)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields: dict[str, serializers.Field] = {}
+        for name in self.initial_data:
+            param = HYPERPARAMETERS.get(name)
+            if param is None:
+                known = ", ".join(sorted(HYPERPARAMETERS))
+                fields[name] = _Refused(
+                    f"Unknown hyperparameter {name!r}; known: {known}.",
+                    code="unknown_hyperparameter",
+                )
+            elif self.method not in param.methods:
+                fields[name] = _Refused(
+                    f"{name} does not apply to {self.method} (only {', '.join(param.methods)}).",
+                    code="invalid_hyperparameter",
+                )
+            else:
+                fields[name] = HyperparameterField(param)
+        return fields
+
+    def validate(self, attrs: dict) -> dict:
+        effective = DEFAULTS[self.method] | dict(attrs)
+        if (
+            "micro_batch_size" in effective
+            and effective["micro_batch_size"] > effective["batch_size"]
+        ):
+            raise serializers.ValidationError(
+                {"micro_batch_size": "micro_batch_size cannot be larger than batch_size."},
                 code="invalid_hyperparameter",
             )
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise VeriError(f"{field} must be a number.", field=field, code="invalid_hyperparameter")
-    if param.kind is int and value != int(value):
-        raise VeriError(
-            f"{field} must be a whole number.", field=field, code="invalid_hyperparameter"
-        )
-    value = param.kind(value)
-    too_low = param.low is not None and (
-        value <= param.low if param.low_exclusive else value < param.low
-    )
-    too_high = param.high is not None and value > param.high
-    if too_low or too_high:
-        low = f"above {param.low}" if param.low_exclusive else f"at least {param.low}"
-        raise VeriError(
-            f"{field} must be {low} and at most {param.high}; got {value}.",
-            field=field,
-            code="invalid_hyperparameter",
-        )
-    return value
+        if self.method == "grpo" and effective["batch_size"] % effective["rollouts_per_prompt"]:
+            raise serializers.ValidationError(
+                {
+                    "batch_size": f"For GRPO, batch_size ({effective['batch_size']}) must be a "
+                    f"multiple of rollouts_per_prompt ({effective['rollouts_per_prompt']}): each "
+                    "prompt's rollouts are scored together."
+                },
+                code="invalid_hyperparameter",
+            )
+        return effective
+
+
+def _validated(serializer: serializers.Serializer, *, prefix: str) -> dict:
+    """The serializer's validated data; else its first error, as the VeriError on
+    `<prefix>.<field>` with the error's code."""
+    if serializer.is_valid():
+        return serializer.validated_data
+    name, details = next(iter(serializer.errors.items()))
+    raise VeriError(str(details[0]), field=f"{prefix}.{name}", code=details[0].code)
 
 
 def validate_hyperparameters(method: str, given: dict) -> dict:
     """The effective hyperparameters: the method's defaults with the given values checked on top."""
     if not isinstance(given, dict):
         raise VeriError("hyperparameters must be an object.", field="hyperparameters")
-    effective = dict(DEFAULTS[method])
-    for name, value in given.items():
-        field = f"hyperparameters.{name}"
-        param = HYPERPARAMETERS.get(name)
-        if param is None:
-            raise VeriError(
-                f"Unknown hyperparameter {name!r}; known: {', '.join(sorted(HYPERPARAMETERS))}.",
-                field=field,
-                code="unknown_hyperparameter",
+    return _validated(HyperparametersIn(method=method, data=given), prefix="hyperparameters")
+
+
+class LoraOption(_Given):
+    """One LoRA option: the JSON value as sent when `accepts` it, else `lora.<name> must be
+    <expected>.`"""
+
+    def __init__(self, *, default, accepts: Callable[[object], bool], expected: str):
+        super().__init__(default=default)
+        self.accepts, self.expected = accepts, expected
+
+    def to_internal_value(self, value):
+        if not self.accepts(value):
+            raise serializers.ValidationError(
+                f"lora.{self.field_name} must be {self.expected}.", code="invalid_lora"
             )
-        if method not in param.methods:
-            raise VeriError(
-                f"{name} does not apply to {method} (only {', '.join(param.methods)}).",
-                field=field,
-                code="invalid_hyperparameter",
+        return value
+
+
+def _module_names(value) -> bool:
+    return (
+        isinstance(value, list)
+        and 1 <= len(value) <= 64
+        and all(isinstance(m, str) and MODULE_NAME_RE.fullmatch(m) for m in value)
+    )
+
+
+class LoraIn(serializers.Serializer):
+    """LoRA options over `LORA_DEFAULTS`; an unknown option is refused before any is checked, and
+    the options are checked in this order. `context["gpu_type"]`: the job's GPU."""
+
+    r = LoraOption(
+        default=LORA_DEFAULTS["r"],
+        accepts=lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 512,
+        expected="a whole number from 1 to 512",
+    )
+    alpha = LoraOption(
+        default=LORA_DEFAULTS["alpha"],
+        accepts=lambda v: isinstance(v, int | float) and 0 < v <= 4096,
+        expected="a number above 0 and at most 4096",
+    )
+    dropout = LoraOption(
+        default=LORA_DEFAULTS["dropout"],
+        accepts=lambda v: isinstance(v, int | float) and 0 <= v < 1,
+        expected="a number from 0 up to (not including) 1",
+    )
+    target_modules = LoraOption(
+        default=LORA_DEFAULTS["target_modules"],
+        accepts=lambda v: v == "all-linear" or _module_names(v),
+        expected='"all-linear" or a list of 1 to 64 module names (letters, digits, _ and .)',
+    )
+    quantization = LoraOption(
+        default=LORA_DEFAULTS["quantization"],
+        accepts=lambda v: v in (None, "4bit"),
+        expected='null (LoRA) or "4bit" (QLoRA)',
+    )
+    unsloth = LoraOption(
+        default=LORA_DEFAULTS["unsloth"],
+        accepts=lambda v: isinstance(v, bool),
+        expected="true or false",
+    )
+
+    def to_internal_value(self, data):
+        if unknown := set(data) - set(LORA_DEFAULTS):
+            name = sorted(unknown)[0]
+            raise serializers.ValidationError(
+                {name: [f"Unknown lora option {name!r}; known: {', '.join(LORA_DEFAULTS)}."]},
+                code="invalid_lora",
             )
-        effective[name] = _number(value, param, field)
-    if "micro_batch_size" in effective and effective["micro_batch_size"] > effective["batch_size"]:
-        raise VeriError(
-            "micro_batch_size cannot be larger than batch_size.",
-            field="hyperparameters.micro_batch_size",
-            code="invalid_hyperparameter",
-        )
-    if method == "grpo" and effective["batch_size"] % effective["rollouts_per_prompt"]:
-        raise VeriError(
-            f"For GRPO, batch_size ({effective['batch_size']}) must be a multiple of "
-            f"rollouts_per_prompt ({effective['rollouts_per_prompt']}): each prompt's rollouts "
-            "are scored together.",
-            field="hyperparameters.batch_size",
-            code="invalid_hyperparameter",
-        )
-    return effective
+        return super().to_internal_value(data)
+
+    def validate(self, attrs: dict) -> dict:
+        lora = dict(attrs)
+        if isinstance(lora["target_modules"], list) and "lm_head" in lora["target_modules"]:
+            raise serializers.ValidationError(
+                {"target_modules": "lm_head cannot be a LoRA target."}, code="invalid_lora"
+            )
+        if self.context["gpu_type"] == "cpu" and (lora["quantization"] or lora["unsloth"]):
+            option = "QLoRA (quantization: 4bit)" if lora["quantization"] else "Unsloth"
+            field = "quantization" if lora["quantization"] else "unsloth"
+            raise serializers.ValidationError(
+                {field: f"{option} needs a CUDA GPU; gpu_type cpu cannot run it."},
+                code="invalid_lora",
+            )
+        return lora
 
 
 def validate_lora(given: dict | None, *, gpu_type: str) -> dict:
@@ -166,66 +304,7 @@ def validate_lora(given: dict | None, *, gpu_type: str) -> dict:
         given = {}
     if not isinstance(given, dict):
         raise VeriError("lora must be an object.", field="lora")
-    unknown = set(given) - set(LORA_DEFAULTS)
-    if unknown:
-        name = sorted(unknown)[0]
-        raise VeriError(
-            f"Unknown lora option {name!r}; known: {', '.join(LORA_DEFAULTS)}.",
-            field=f"lora.{name}",
-            code="invalid_lora",
-        )
-    lora = LORA_DEFAULTS | given
-    checks = [
-        (
-            "r",
-            isinstance(lora["r"], int)
-            and not isinstance(lora["r"], bool)
-            and 1 <= lora["r"] <= 512,
-            "a whole number from 1 to 512",
-        ),
-        (
-            "alpha",
-            isinstance(lora["alpha"], int | float) and 0 < lora["alpha"] <= 4096,
-            "a number above 0 and at most 4096",
-        ),
-        (
-            "dropout",
-            isinstance(lora["dropout"], int | float) and 0 <= lora["dropout"] < 1,
-            "a number from 0 up to (not including) 1",
-        ),
-        (
-            "target_modules",
-            lora["target_modules"] == "all-linear"
-            or (
-                isinstance(lora["target_modules"], list)
-                and 1 <= len(lora["target_modules"]) <= 64
-                and all(
-                    isinstance(m, str) and MODULE_NAME_RE.fullmatch(m)
-                    for m in lora["target_modules"]
-                )
-            ),
-            '"all-linear" or a list of 1 to 64 module names (letters, digits, _ and .)',
-        ),
-        ("quantization", lora["quantization"] in (None, "4bit"), 'null (LoRA) or "4bit" (QLoRA)'),
-        ("unsloth", isinstance(lora["unsloth"], bool), "true or false"),
-    ]
-    for name, ok, expected in checks:
-        if not ok:
-            raise VeriError(
-                f"lora.{name} must be {expected}.", field=f"lora.{name}", code="invalid_lora"
-            )
-    if isinstance(lora["target_modules"], list) and "lm_head" in lora["target_modules"]:
-        raise VeriError(
-            "lm_head cannot be a LoRA target.", field="lora.target_modules", code="invalid_lora"
-        )
-    if gpu_type == "cpu" and (lora["quantization"] or lora["unsloth"]):
-        option = "QLoRA (quantization: 4bit)" if lora["quantization"] else "Unsloth"
-        raise VeriError(
-            f"{option} needs a CUDA GPU; gpu_type cpu cannot run it.",
-            field="lora.quantization" if lora["quantization"] else "lora.unsloth",
-            code="invalid_lora",
-        )
-    return lora
+    return _validated(LoraIn(data=given, context={"gpu_type": gpu_type}), prefix="lora")
 
 
 def scan_jsonl(lines) -> tuple[int, dict]:

@@ -3,22 +3,19 @@ Each is idempotent and safe when two runs overlap."""
 
 import contextlib
 import logging
-import statistics
 import time
 import uuid
 from collections import defaultdict
 from datetime import datetime, timedelta
-from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from providers import catalog
 from providers.services import get_adapter
-from training.models import JobStatus, MetricPoint, TrainingJob, WatchdogState
-from training.services import jobs, logs, provisioning, restarts, stops
+from training.models import JobStatus, TrainingJob, WatchdogState
+from training.services import jobs, logs, provisioning, restarts, stops, watchdog
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -40,27 +37,6 @@ def _enqueue_waiting(limit: int = 20) -> None:
     waiting = TrainingJob.objects.filter(status=S.QUEUED, launch_claimed_at__isnull=True)
     for job_id in waiting.order_by("pk").values_list("pk", flat=True)[:limit]:
         async_task("training.tasks.provision_job", job_id=job_id)
-
-
-def _last_seen(job: TrainingJob) -> str:
-    step = job.last_step if job.last_step is not None else "none"
-    return f"last status {job.status}, last step {step}"
-
-
-def _silent_failure(job: TrainingJob, silent: float) -> tuple[str, str] | None:
-    """heartbeat_timeout past the job's own deadline; worker_failed past 900 s (when the job's
-    deadline is longer than that)."""
-    limit = min(job.heartbeat_timeout_seconds, settings.VERI_WORKER_SILENT_SECONDS)
-    if silent <= limit:
-        return None
-    last = _last_seen(job)
-    if job.heartbeat_timeout_seconds < settings.VERI_WORKER_SILENT_SECONDS:
-        return "heartbeat_timeout", (
-            f"The worker sent nothing for {int(silent)} s, longer than heartbeat_timeout_seconds "
-            f"({job.heartbeat_timeout_seconds} s); {last}. It was likely OOM-killed or lost "
-            "its network."
-        )
-    return "worker_failed", f"The worker was silent for {int(silent)} s; {last}."
 
 
 def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
@@ -87,14 +63,14 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
             with contextlib.suppress(jobs.InvalidTransition):  # it moved on meanwhile
                 jobs.machine_obtained(job=job)
             continue
-        verdict = _verdict(job, states, now, watched_since)
-        if not verdict and provisioning.launch_stalled(job, now=now):
+        fault = watchdog.verdict(job=job, states=states, now=now, watched_since=watched_since)
+        if not fault and provisioning.launch_stalled(job, now=now):
             provisioning.recover_stalled_launch(job=job)
             continue
-        if not verdict:
+        if not fault:
             still_active.append(job)
             continue
-        code, message, restart = Fault(*verdict)
+        code, message, restart = fault
         try:
             if restart:
                 restarts.fail_or_restart(job_id=job.pk, code=code, message=message)
@@ -115,137 +91,6 @@ def _obtained(job: TrainingJob, states: dict) -> bool:
         return False
     state = states.get(instance.external_id)
     return state is not None and state.alive and state.ready
-
-
-class Fault(NamedTuple):
-    """What the watchdog found: a catalog code, the message, and whether a restart (for the
-    catalog's restartable codes) could help; a verdict of (code, message) may restart."""
-
-    code: str
-    message: str
-    restart: bool = True
-
-
-def _verdict(
-    job: TrainingJob, states: dict, now: datetime, watched_since: datetime | None
-) -> tuple[str, str] | Fault | None:
-    instance = getattr(job, "instance", None)
-    state = states.get(instance.external_id) if instance and instance.external_id else None
-    if job.status == S.QUEUED:
-        if state is not None and not state.alive:  # the provider gave up finding the machine
-            return "CAPACITY_UNAVAILABLE", (
-                f"{job.provider} could not find {job.gpu_count}x {job.gpu_type} for this job and "
-                "withdrew the request. Not billed. Retry later, or pick another GPU or provider."
-            )
-        spec = catalog.get_provider(job.provider)
-        if (
-            job.launch_claimed_at
-            and (now - job.launch_claimed_at).total_seconds() > spec.launch_timeout_seconds
-        ):
-            return "launch_timeout", (
-                f"The {job.provider} launch did not finish within "
-                f"{spec.launch_timeout_seconds} s and was stopped. Not billed."
-            )
-        return None
-    if state is not None and not state.alive:
-        max_run = get_adapter(job.provider).max_run_seconds
-        if (
-            max_run
-            and instance.launched_at
-            and (now - instance.launched_at).total_seconds() >= max_run - 60
-        ):
-            return (
-                "max_run_duration_reached",
-                f"{job.provider} ended the VM at its maximum run duration ({max_run // 3600} h).",
-            )
-        if state.reason == "reclaimed":
-            return (
-                "provider_reclaimed",
-                f"{job.provider} deleted or stopped the VM before the job finished.",
-            )
-        if state.reason == "max_run_duration":
-            return (
-                "max_run_duration_reached",
-                f"{job.provider} ended the VM at its maximum run duration.",
-            )
-        if job.status == S.PROVISIONING:
-            return (
-                "provisioning_error",
-                "The instance came up but the worker never registered; it has ended.",
-            )
-        return "worker_failed", (
-            f"The instance ended before the worker reported a result ({_last_seen(job)})."
-        )
-    if job.status == S.PROVISIONING:
-        waited = (now - job.provisioning_at).total_seconds()
-        register_limit = catalog.get_provider(job.provider).register_timeout_seconds
-        if register_limit and waited > register_limit:
-            return Fault(
-                "provisioning_error",
-                f"The worker did not register within {register_limit} s of launching. It calls "
-                f"the API server back at VERI_PUBLIC_URL={settings.VERI_PUBLIC_URL}; if the "
-                "server listens elsewhere, set VERI_PUBLIC_URL to its URL for the server and the "
-                "qcluster, then re-submit.",
-                restart=False,  # a deployment's misconfiguration: another machine would fail too
-            )
-        if waited > settings.VERI_PROVISIONING_TIMEOUT_SECONDS:
-            return "provisioning_timeout", (
-                f"No worker registered within {settings.VERI_PROVISIONING_TIMEOUT_SECONDS} s "
-                "of the instance launching."
-            )
-        return None
-    if job.status == S.CONFIGURING:
-        waited = (now - job.configuring_at).total_seconds()
-        limit = settings.VERI_CONFIGURING_TIMEOUT_SECONDS
-        if waited > limit and job.worker_phase in ("training", "finishing"):
-            # The training process had started: the time went to customer code (the dataset,
-            # the reward functions' import, the model it names), not to the platform's setup.
-            return Fault(
-                "training_error",
-                f"The training process started but reached no training step within {limit} s "
-                "of the worker registering: loading the dataset, the reward functions and the "
-                "model took longer than the configuring deadline.",
-                restart=False,
-            )
-        if waited > limit:
-            return "configuring_timeout", (
-                f"The worker registered but did not start training within {limit} s."
-            )
-    silent_since = job.last_heartbeat_at or job.configuring_at or job.provisioning_at
-    if watched_since and watched_since > silent_since:
-        # Silence while the watchdog (or the whole platform) was away counts from its return:
-        # the worker may have been waiting for the control plane all along.
-        silent_since = watched_since
-    silent = _silent_failure(job, (now - silent_since).total_seconds())
-    if silent or job.status != S.RUNNING or job.gpu_count < 2:
-        return silent
-    return _stalled(job, now)
-
-
-def _stalled(job: TrainingJob, now: datetime) -> Fault | None:
-    """A multi-GPU job whose worker still answers but whose step has not gone up for the longer
-    of VERI_STALL_SECONDS and three times its median step time (the worker ends such a training
-    itself, with each rank's stack; this is for a worker that cannot)."""
-    if job.last_step_at is None:
-        return None  # not one step yet: loading a large model is not a stall
-    quiet = (now - job.last_step_at).total_seconds()
-    if quiet <= settings.VERI_STALL_SECONDS:
-        return None
-    times = list(
-        MetricPoint.objects.filter(job=job).order_by("-step").values_list("at", flat=True)[:21]
-    )
-    pairs = zip(times, times[1:], strict=False)
-    gaps = [(later - earlier).total_seconds() for later, earlier in pairs]
-    window = max(settings.VERI_STALL_SECONDS, 3 * statistics.median(gaps) if gaps else 0)
-    if quiet <= window:
-        return None
-    return Fault(
-        "training_stalled",
-        f"No training step for {int(quiet)} s (last step {job.last_step}) while the worker still "
-        f"answers: longer than {int(window)} s, the stall window. The log tail shows where it "
-        "waited.",
-        restart=False,
-    )
 
 
 def archive_running_logs() -> int:

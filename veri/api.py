@@ -3,11 +3,12 @@
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import secrets
 from datetime import datetime
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import transaction
@@ -24,6 +25,7 @@ from veri.models import ApiKey, Workspace
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 MAX_CURSOR_CHARS = 1000
+NONCE_BYTES = 12
 
 
 def list_schema(
@@ -70,6 +72,9 @@ class HasApiKey(permissions.BasePermission):
 class _WorkUndone(Exception):
     """Rolls back a keyed request's work that ended without an answer to keep."""
 
+    def __init__(self, response):
+        self.response = response
+
 
 class _Replay(Exception):
     def __init__(self, record):
@@ -84,7 +89,6 @@ class WorkspaceView(ValidatingView):
     permission_classes = [HasApiKey]
     workspace: Workspace
     claim = None
-    claim_work = None
 
     def initial(self, request: Request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)  # authenticates: 401 stops here
@@ -97,48 +101,64 @@ class WorkspaceView(ValidatingView):
             if outcome.replay:
                 raise _Replay(outcome.record)
             self.claim = outcome.record
-            # The work and its recorded answer commit together: a request dying between them
-            # must not leave the work done and the key open for a retry to do it again.
-            self.claim_work = transaction.atomic()
-            self.claim_work.__enter__()
-
-    def _end_claim(self, *, answer: Response | None) -> None:
-        """Commit the work with `answer` recorded for replays, or roll it back (no answer, or a
-        5xx) and release the key so that a retry does the work."""
-        claim, work, self.claim, self.claim_work = self.claim, self.claim_work, None, None
-        try:
-            if answer is not None:
-                idempotency.record_answer(
-                    record=claim, status_code=answer.status_code, body=answer.data
-                )
-        except BaseException as exc:
-            work.__exit__(type(exc), exc, exc.__traceback__)
-            idempotency.release(record=claim)
-            raise
-        if answer is None:
-            work.__exit__(_WorkUndone, _WorkUndone(), None)
-            idempotency.release(record=claim)
-        else:
-            work.__exit__(None, None, None)
 
     def dispatch(self, request, *args, **kwargs):
+        """DRF's dispatch, with one difference: after `initial` has claimed an idempotency key,
+        the work runs in `_keyed_work`'s transaction."""
+        self.args, self.kwargs = args, kwargs
+        request = self.initialize_request(request, *args, **kwargs)
+        self.request, self.headers = request, self.default_response_headers
         try:
-            return super().dispatch(request, *args, **kwargs)
-        finally:
-            if self.claim is not None:  # the work crashed before an answer: a retry redoes it
-                self._end_claim(answer=None)
+            self.initial(request, *args, **kwargs)
+        except Exception as exc:
+            response = self.finalize_response(request, self.handle_exception(exc), *args, **kwargs)
+        else:
+            if self.claim is None:
+                response = self._work(request, *args, **kwargs)
+            else:
+                response = self._keyed_work(request, *args, **kwargs)
+        self.response = response
+        return response
+
+    def _work(self, request, *args, **kwargs):
+        """The handler's answer, or its exception's, finalized (as in DRF's dispatch)."""
+        method = request.method.lower()
+        if method in self.http_method_names:
+            handler = getattr(self, method, self.http_method_not_allowed)
+        else:
+            handler = self.http_method_not_allowed
+        try:
+            response = handler(request, *args, **kwargs)
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        return self.finalize_response(request, response, *args, **kwargs)
+
+    def _keyed_work(self, request, *args, **kwargs):
+        """The work and its recorded answer commit together: a request dying between them must
+        not leave the work done and the key open for a retry to do it again. Without an answer
+        to keep (a crash, or a 5xx) the work is rolled back and the key released, so that a
+        retry does the work."""
+        claim, self.claim = self.claim, None
+        try:
+            with transaction.atomic():
+                response = self._work(request, *args, **kwargs)
+                if response.status_code >= 500 or not isinstance(response, Response):
+                    raise _WorkUndone(response)
+                idempotency.record_answer(
+                    record=claim, status_code=response.status_code, body=response.data
+                )
+        except _WorkUndone as undone:
+            idempotency.release(record=claim)
+            return undone.response
+        except BaseException:
+            idempotency.release(record=claim)
+            raise
+        return response
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Replay):
             return Response(exc.record.body, status=exc.record.status_code)
         return super().handle_exception(exc)
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        response = super().finalize_response(request, response, *args, **kwargs)
-        if self.claim is not None:
-            kept = response.status_code < 500 and isinstance(response, Response)
-            self._end_claim(answer=response if kept else None)
-        return response
 
     def request_fingerprint(self) -> str:
         """The request's path and body; an uploaded file counts by its content, not its name."""
@@ -158,15 +178,8 @@ class WorkspaceView(ValidatingView):
         return idempotency.fingerprint(self.request.path, body)
 
 
-def _cursor_key(purpose: bytes) -> bytes:
-    return hashlib.sha256(b"veri-cursor-" + purpose + settings.SECRET_KEY.encode()).digest()
-
-
-def _keystream(nonce: bytes, length: int) -> bytes:
-    key, blocks = _cursor_key(b"encrypt"), []
-    for counter in range(0, length, 32):
-        blocks.append(hmac.new(key, nonce + counter.to_bytes(4, "big"), hashlib.sha256).digest())
-    return b"".join(blocks)[:length]
+def _cursor_cipher() -> AESGCM:
+    return AESGCM(hashlib.sha256(b"veri-cursor-aead" + settings.SECRET_KEY.encode()).digest())
 
 
 def _cursor_list(queryset: QuerySet, name: str) -> str:
@@ -181,24 +194,24 @@ def _cursor_list(queryset: QuerySet, name: str) -> str:
 
 
 def _encode_cursor(list_name: str, value) -> str:
-    """The position after a page, sealed: encrypted (a row's id would tell how many rows all
-    workspaces made meanwhile) and authenticated (a cursor we did not give out is refused)."""
+    """The position after a page, sealed with AES-GCM: encrypted (a row's id would tell how
+    many rows all workspaces made meanwhile) and authenticated (a cursor we did not give out is
+    refused)."""
     if isinstance(value, datetime):
         value = value.isoformat()
-    plain, nonce = json.dumps([list_name, value]).encode(), secrets.token_bytes(12)
-    body = nonce + bytes(a ^ b for a, b in zip(plain, _keystream(nonce, len(plain)), strict=True))
-    tag = hmac.new(_cursor_key(b"sign"), body, hashlib.sha256).digest()[:16]
-    return base64.urlsafe_b64encode(body + tag).decode().rstrip("=")
+    plain, nonce = json.dumps([list_name, value]).encode(), secrets.token_bytes(NONCE_BYTES)
+    sealed = nonce + _cursor_cipher().encrypt(nonce, plain, None)
+    return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
 
 def _open_cursor(cursor: str) -> bytes:
     raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    body, tag = raw[:-16], raw[-16:]
-    expected = hmac.new(_cursor_key(b"sign"), body, hashlib.sha256).digest()[:16]
-    if len(raw) < 29 or not hmac.compare_digest(tag, expected):
+    if len(raw) <= NONCE_BYTES + 16:  # a nonce, at least one byte, AES-GCM's 16-byte tag
         raise ValueError("not a cursor we gave out")
-    nonce, sealed = body[:12], body[12:]
-    return bytes(a ^ b for a, b in zip(sealed, _keystream(nonce, len(sealed)), strict=True))
+    try:
+        return _cursor_cipher().decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], None)
+    except InvalidTag:
+        raise ValueError("not a cursor we gave out") from None
 
 
 def _decode_cursor(cursor: str, list_name: str, field) -> object:

@@ -4,12 +4,18 @@ Idempotency-Key that stays the same across the retries of one call."""
 import hashlib
 import os
 import random
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+)
 
 from veri_sdk.errors import AuthenticationError, ConnectionFailed, error_from_body
 
@@ -34,24 +40,34 @@ def _retryable(response: httpx.Response) -> bool:
     return response.status_code in RETRY_STATUSES
 
 
+def _wait(state: RetryCallState) -> float:
+    """`backoff` for the attempt that just failed, honouring the answer's Retry-After."""
+    outcome = state.outcome
+    retry_after = None if outcome.failed else outcome.result().headers.get("Retry-After")
+    return backoff(state.attempt_number - 1, retry_after)
+
+
+def retrying(*, max_retries: int, retry_on: Callable[[httpx.Response], bool]) -> Retrying:
+    """The one retry policy: transport errors and answers that `retry_on` accepts are tried
+    again, `max_retries` times, with `backoff`. When the retries run out the last answer is
+    returned (or the last transport error raised) for the caller to judge."""
+    return Retrying(
+        stop=stop_after_attempt(max_retries + 1),
+        wait=_wait,
+        retry=retry_if_exception_type(httpx.TransportError) | retry_if_result(retry_on),
+        retry_error_callback=lambda state: state.outcome.result(),
+    )
+
+
 def send_with_retries(
     send: Callable[[], httpx.Response], *, max_retries: int, what: str, hint: str = ""
 ) -> httpx.Response:
-    for attempt in range(max_retries + 1):
-        try:
-            response = send()
-        except httpx.TransportError as exc:
-            if attempt == max_retries:
-                raise ConnectionFailed(
-                    0, "connection_failed", f"Could not reach {what} ({exc}){hint}"
-                ) from exc
-            time.sleep(backoff(attempt))
-            continue
-        if _retryable(response) and attempt < max_retries:
-            time.sleep(backoff(attempt, response.headers.get("Retry-After")))
-            continue
-        return response
-    raise AssertionError("unreachable")
+    try:
+        return retrying(max_retries=max_retries, retry_on=_retryable)(send)
+    except httpx.TransportError as exc:
+        raise ConnectionFailed(
+            0, "connection_failed", f"Could not reach {what} ({exc}){hint}"
+        ) from exc
 
 
 class ApiTransport:
@@ -152,34 +168,37 @@ class StorageTransport:
         """Stream `url` into `target` (replaced whole, never left half-written); returns the
         size and sha256 of what arrived. Retried like every call."""
         partial = target.with_name(f".{target.name}.part")
-        for attempt in range(self.max_retries + 1):
+
+        def once() -> httpx.Response | tuple[int, str]:
+            """The refusing answer, or what arrived (size, sha256) once it is in `partial`."""
             digest, size = hashlib.sha256(), 0
-            try:
-                with self.http.stream("GET", url) as response:
-                    if response.status_code >= 300:
-                        if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
-                            time.sleep(backoff(attempt, response.headers.get("Retry-After")))
-                            continue
-                        raise ConnectionFailed(
-                            response.status_code,
-                            "storage_error",
-                            f"the object store refused the download (HTTP {response.status_code})",
-                        )
-                    with partial.open("wb") as out:
-                        for chunk in response.iter_bytes(1024 * 1024):
-                            out.write(chunk)
-                            digest.update(chunk)
-                            size += len(chunk)
-            except httpx.TransportError as exc:
-                if attempt == self.max_retries:
-                    raise ConnectionFailed(
-                        0, "connection_failed", f"Could not reach the object store: {exc}"
-                    ) from exc
-                time.sleep(backoff(attempt))
-                continue
-            os.replace(partial, target)
+            with self.http.stream("GET", url) as response:
+                if response.status_code >= 300:
+                    return response
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes(1024 * 1024):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        size += len(chunk)
             return size, digest.hexdigest()
-        raise AssertionError("unreachable")
+
+        def refused(answer: httpx.Response | tuple[int, str]) -> bool:
+            return isinstance(answer, httpx.Response) and answer.status_code in RETRY_STATUSES
+
+        try:
+            answer = retrying(max_retries=self.max_retries, retry_on=refused)(once)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(
+                0, "connection_failed", f"Could not reach the object store: {exc}"
+            ) from exc
+        if isinstance(answer, httpx.Response):
+            raise ConnectionFailed(
+                answer.status_code,
+                "storage_error",
+                f"the object store refused the download (HTTP {answer.status_code})",
+            )
+        os.replace(partial, target)
+        return answer
 
     def get(self, url: str) -> bytes:
         response = send_with_retries(

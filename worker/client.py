@@ -11,6 +11,14 @@ from collections import deque
 from pathlib import Path
 
 import httpx
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+)
 
 log = logging.getLogger("veri.worker")
 RETRY_STATUSES = {429, 500, 502, 503, 504}
@@ -93,30 +101,34 @@ class ControlPlane:
         or else for `VERI_WORKER_API_PATIENCE_SECONDS` (30 minutes): a control plane being
         restarted or redeployed must not end a training whose machine is still running."""
         self._renew_if_due()
-        deadline = time.monotonic() + float(
+        patience = float(
             os.environ.get("VERI_WORKER_API_PATIENCE_SECONDS", DEFAULT_PATIENCE_SECONDS)
         )
-        attempt = 0
-        while True:
-            last = attempt + 1 == attempts if attempts else time.monotonic() >= deadline
+        try:
+            response = Retrying(
+                stop=stop_after_attempt(attempts) if attempts else stop_after_delay(patience),
+                wait=_backoff,
+                retry=retry_if_exception_type(httpx.TransportError)
+                | retry_if_result(lambda answer: answer.status_code in RETRY_STATUSES),
+                retry_error_callback=lambda state: state.outcome.result(),
+            )(self.http.request, method, path, json=json)
+        except httpx.TransportError as exc:
+            raise ControlPlaneError(0, f"control plane unreachable: {exc}") from exc
+        if response.status_code in RETRY_STATUSES:
+            raise ControlPlaneError(response.status_code, response.text[:300])
+        if response.status_code >= 400:
             try:
-                response = self.http.request(method, path, json=json)
-            except httpx.TransportError as exc:
-                if last:
-                    raise ControlPlaneError(0, f"control plane unreachable: {exc}") from exc
-            else:
-                if response.status_code not in RETRY_STATUSES:
-                    if response.status_code >= 400:
-                        try:
-                            message = response.json()["error"]["message"]
-                        except (ValueError, KeyError, TypeError):
-                            message = response.text[:300]
-                        raise ControlPlaneError(response.status_code, message)
-                    return response.json() if response.content else {}
-                if last:
-                    raise ControlPlaneError(response.status_code, response.text[:300])
-            time.sleep(min(0.5 * 2**attempt, MAX_BACKOFF_SECONDS) * (0.5 + random.random() / 2))
-            attempt += 1
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:300]
+            raise ControlPlaneError(response.status_code, message)
+        return response.json() if response.content else {}
+
+
+def _backoff(state: RetryCallState) -> float:
+    return min(0.5 * 2 ** (state.attempt_number - 1), MAX_BACKOFF_SECONDS) * (
+        0.5 + random.random() / 2
+    )
 
 
 class Shipper:
