@@ -183,6 +183,8 @@ def pip_download_command(*, python: str, backend: str, torch_index_url: str | No
         "download",
         "--quiet",
         "--only-binary=:all:",
+        "--retries=2",  # an index that cannot be reached fails in a minute, not in an hour
+        "--timeout=30",
         "--implementation=cp",
         f"--python-version={python}",
         *(f"--platform={p}" for p in PLATFORMS),

@@ -21,10 +21,10 @@ def test_the_docs_site_builds_strict(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    schema_page = (tmp_path / "site" / "api-schema" / "index.html").read_text()
+    schema_page = (tmp_path / "site" / "api-schema.html").read_text()
     assert "POST /v1/training_jobs" in schema_page  # rendered from the code's schema
     assert (tmp_path / "site" / "openapi.json").exists()
-    assert 'class="mermaid"' in (tmp_path / "site" / "architecture" / "index.html").read_text()
+    assert 'class="mermaid"' in (tmp_path / "site" / "architecture.html").read_text()
 
 
 def test_the_readme_stays_the_short_front_door():

@@ -30,6 +30,7 @@ class Command(BaseCommand):
         worker = worker_dist.worker_files()
         self.stdout.write(f"worker: {', '.join(f.name for f in worker)}")
         for name in backend:
+            self.stdout.write(f"downloading the worker's dependencies for py{python}/{name} …")
             files = worker_dist.fill_wheelhouse(
                 python=python, backend=name, torch_index_url=torch_index_url or None
             )
