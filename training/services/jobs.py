@@ -152,11 +152,7 @@ def close_out_job(*, job: TrainingJob) -> None:
     """For a finished job: terminate its instance, attribute its cost, archive its full log.
     Safe to repeat; each step checks whether it is already done."""
     terminate_instance(job=job)
-    if job.cost_attributed_at is None:
-        cost = hooks.money().attributed_cost_micros(job=job)  # billing's rules
-        TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
-            cost_micros=cost, cost_attributed_at=timezone.now()
-        )
+    hooks.money().attribute_cost(job=job)  # billing's rules, on billing's record
     volume_services.release_pins(holder=job.pin_holder)
     logs.archive_log(job=job, final=True)
 
