@@ -9,7 +9,7 @@ from django.db.models import Case, IntegerField, Value, When
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from billing import payments, services
+from billing import payments, selectors, services
 from billing.models import (
     AttributionChange,
     BillingAccount,
@@ -128,7 +128,7 @@ class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
     ]
     list_filter = ["status", "reason_code"]
     search_fields = ["job__public_id", "workspace__name", "workspace__public_id"]
-    list_select_related = ["job", "workspace"]
+    list_select_related = ["job__billing", "workspace"]
     actions = ["approve", "deny", "reattribute"]
     job_id_field = "job_id"
     fields = [
@@ -172,7 +172,7 @@ class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
 
     @admin.display(description="job cost")
     def job_cost_usd(self, refund: Refund) -> str:
-        return f"{money.usd(refund.job.cost_micros or 0)} USD"
+        return f"{money.usd(selectors.job_cost_micros(job=refund.job) or 0)} USD"
 
     @admin.display(description="last events")
     def recent_events(self, refund: Refund):

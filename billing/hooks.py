@@ -5,6 +5,7 @@ from datetime import datetime
 
 from billing import jobs, selectors, services
 from billing.models import BillingAccount
+from training.hooks import JobMoney
 from training.models import TrainingJob
 from veri.errors import PaymentRequired
 from veri.models import Workspace
@@ -24,8 +25,11 @@ class TrainingMoney:
             held_micros=lambda: selectors.unbilled(workspace=workspace).held_micros,
         )
 
-    def attributed_cost_micros(self, *, job: TrainingJob) -> int:
-        return jobs.attributed_cost_micros(job=job)
+    def attribute_cost(self, *, job: TrainingJob) -> None:
+        jobs.attribute_job_cost(job=job)
+
+    def job_money(self, *, job: TrainingJob) -> JobMoney:
+        return selectors.job_money(job=job)
 
     def settle(self, *, job_id: int) -> None:
         services.settle_job_money(job_id=job_id)

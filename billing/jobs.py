@@ -6,8 +6,10 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db.models import Sum
+from django.utils import timezone
 
 from billing import selectors, services
+from billing.models import JobBilling
 from providers.models import Instance
 from training import errors
 from training.models import TrainingJob
@@ -31,6 +33,18 @@ def attributed_cost_micros(*, job: TrainingJob) -> int:
     if job.max_cost_micros is not None:
         cost = min(cost, job.max_cost_micros)  # a budget is never overrun
     return cost
+
+
+def attribute_job_cost(*, job: TrainingJob) -> None:
+    """At close-out, once: what the finished job is charged, on billing's record of it. A rerun
+    (or a concurrent twin) finds it attributed and changes nothing."""
+    record, _ = JobBilling.objects.get_or_create(job=job)
+    if record.cost_attributed_at is not None:
+        return
+    cost = attributed_cost_micros(job=job)
+    JobBilling.objects.filter(job=job, cost_attributed_at__isnull=True).update(
+        cost_micros=cost, cost_attributed_at=timezone.now()
+    )
 
 
 def enforce_stops(*, active: list[TrainingJob], now: datetime) -> dict[str, int]:

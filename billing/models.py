@@ -31,6 +31,22 @@ class BillingAccount(models.Model):
         return f"billing account of {self.workspace}"
 
 
+class JobBilling(models.Model):
+    """Billing's record of one training job's money: what it costs (attributed once, when it has
+    ended and its machine is terminated) and when that was charged to the ledger. Training's row
+    holds none of it; this row, locked, serializes charging and crediting the job."""
+
+    job = models.OneToOneField(
+        "training.TrainingJob", on_delete=models.CASCADE, primary_key=True, related_name="billing"
+    )
+    cost_micros = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_attributed_at = models.DateTimeField(null=True, blank=True)
+    billing_deducted_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"billing of job {self.job_id}"
+
+
 class AppendOnly(Exception):
     """Ledger entries are never changed or removed; a correction is a new `adjustment`."""
 

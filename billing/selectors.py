@@ -6,14 +6,38 @@ from datetime import datetime
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from billing.models import LedgerEntry
+from billing.models import JobBilling, LedgerEntry
 from providers import catalog
+from training.hooks import JobMoney
 from training.models import TERMINAL, TrainingJob
 from veri.models import Workspace
 
 
 def list_ledger(*, workspace: Workspace) -> QuerySet[LedgerEntry]:
     return LedgerEntry.objects.filter(workspace=workspace).select_related("job")
+
+
+def job_billing(*, job: TrainingJob) -> JobBilling | None:
+    """Billing's record of the job (None until its cost is attributed or it is locked for a
+    charge); read from the job's cache when it was selected with it."""
+    return getattr(job, "billing", None)
+
+
+def job_cost_micros(*, job: TrainingJob) -> int | None:
+    """What the job was charged, once attributed (None before)."""
+    record = job_billing(job=job)
+    return None if record is None else record.cost_micros
+
+
+def job_money(*, job: TrainingJob) -> JobMoney:
+    record, refund = job_billing(job=job), getattr(job, "refund", None)
+    return JobMoney(
+        cost_micros=record.cost_micros if record else None,
+        cost_attributed_at=record.cost_attributed_at if record else None,
+        billing_deducted_at=record.billing_deducted_at if record else None,
+        refund_status=refund.status if refund else None,
+        refund_micros=refund.amount_micros if refund else None,
+    )
 
 
 def job_accrued_micros(*, job: TrainingJob, at: datetime | None = None) -> int:

@@ -13,10 +13,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Min, Sum
 from django.utils import timezone
 
-from billing import stripe_gateway
+from billing import selectors, stripe_gateway
 from billing.models import (
     AttributionChange,
     BillingAccount,
+    JobBilling,
     LedgerEntry,
     Refund,
     StripeCheckout,
@@ -163,20 +164,29 @@ def require_funds(
 # Jobs
 
 
+def lock_job_billing(*, job: TrainingJob) -> JobBilling:
+    """Billing's record of the job, made once and locked until the caller's transaction ends:
+    what serializes charging, crediting and re-attributing one job (training's row is not
+    billing's to lock)."""
+    JobBilling.objects.get_or_create(job=job)  # a concurrent twin's insert: got, not doubled
+    return JobBilling.objects.select_for_update().get(job=job)
+
+
 def charge_job(*, job: TrainingJob) -> LedgerEntry | None:
     """The job's attributed cost, charged once; `billing_deducted_at` says it is done (also when
-    there was nothing to charge)."""
+    there was nothing to charge). The job is read with its billing record (`settle_job_money`)."""
     entry = None
-    if job.cost_micros:
+    cost = selectors.job_cost_micros(job=job)
+    if cost:
         entry, _ = record_entry(
             workspace=job.workspace,
             kind=K.JOB_CHARGE,
-            amount_micros=-job.cost_micros,
+            amount_micros=-cost,
             key=f"job_charge:{job.pk}",
             job=job,
             description=f"{job.public_id}: {job.gpu_count}x {job.gpu_type} on {job.provider}",
         )
-    TrainingJob.objects.filter(pk=job.pk, billing_deducted_at__isnull=True).update(
+    JobBilling.objects.filter(job=job, billing_deducted_at__isnull=True).update(
         billing_deducted_at=timezone.now()
     )
     return entry
@@ -186,7 +196,7 @@ def refund_decision(*, job: TrainingJob) -> str | None:
     """What the catalog says about money back for how this job ended, and nothing else does:
     platform faults credited at once (or reviewed first, as the catalog marks them), unclear ones
     reviewed, the customer's own charged."""
-    if not job.error_code or not job.cost_micros:
+    if not job.error_code or not selectors.job_cost_micros(job=job):
         return None
     entry = errors.get(job.error_code)
     if entry.billing == errors.Billing.NONE or job.error_attribution == errors.Attribution.CUSTOMER:
@@ -226,7 +236,7 @@ def _open_refund(job: TrainingJob) -> tuple[Refund, bool]:
             refund = Refund.objects.create(
                 workspace=job.workspace,
                 job=job,
-                amount_micros=job.cost_micros - (lost_credited or 0),
+                amount_micros=selectors.job_cost_micros(job=job) - (lost_credited or 0),
                 reason_code=job.error_code,
                 status=R.PENDING,
             )
@@ -238,8 +248,9 @@ def _open_refund(job: TrainingJob) -> tuple[Refund, bool]:
 def settle_job_money(*, job_id: int) -> None:
     """At a job's terminal state, after its cost is attributed: charge it, then credit or queue
     its refund. Safe to run twice, or twice at once."""
-    job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
-    if job.cost_attributed_at is None:
+    job = TrainingJob.objects.select_related("workspace", "billing").get(pk=job_id)
+    record = selectors.job_billing(job=job)
+    if record is None or record.cost_attributed_at is None:
         return
     charge_job(job=job)
     credit_lost_compute(job=job)
@@ -249,9 +260,9 @@ def settle_job_money(*, job_id: int) -> None:
 def credit_lost_compute(*, job: TrainingJob) -> int:
     """Each restarted run's compute after its last checkpoint (part of the job's charge), credited
     back once; returns the total credited."""
-    credited = 0
+    credited, cost = 0, selectors.job_cost_micros(job=job) or 0
     for attempt in job.attempts.all():
-        amount = min(attempt.lost_micros, (job.cost_micros or 0) - credited)
+        amount = min(attempt.lost_micros, cost - credited)
         if amount <= 0:
             continue
         since = f"after step {attempt.checkpoint_step}" if attempt.checkpoint_step else "in full"
@@ -343,10 +354,13 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
     if not reason or not reason.strip():
         raise VeriError("A re-attribution needs a reason.", field="reason")
     reason = reason.strip()
-    # One transaction under the job's lock: two re-attributions at once, or one racing a review,
-    # apply one after the other, each seeing the refund the other left.
+    # One transaction under the lock of billing's record of the job: two re-attributions at
+    # once, or one racing a review, apply one after the other, each seeing the refund (and the
+    # attribution) the other left, so the job is read again once the lock is held.
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().select_related("workspace").get(pk=job_id)
+        record = lock_job_billing(job=TrainingJob.objects.get(pk=job_id))
+        job = TrainingJob.objects.select_related("workspace").get(pk=job_id)
+        job.billing = record
         if not job.error_code:
             raise Conflict(f"{job.public_id} did not fail; there is nothing to attribute.")
         refund = Refund.objects.select_for_update().filter(job=job).first()
@@ -364,7 +378,7 @@ def reattribute_job(*, job_id: int, attribution: str, reason: str, changed_by) -
         )
         events.change_attribution(job_id=job.pk, attribution=attribution, reason=reason)
         job.error_attribution = attribution
-        if not job.cost_micros:
+        if not record.cost_micros:
             return refund
         if attribution == errors.Attribution.PLATFORM:
             refund = refund or _open_refund(job)[0]

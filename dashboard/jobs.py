@@ -41,7 +41,7 @@ def job_list(request):
         jobs = jobs.filter(Q(public_id__icontains=query) | Q(output_name__icontains=query))
     page = Paginator(jobs, PAGE).get_page(request.GET.get("page"))
     for job in page:
-        job.cost_usd = usd(job.cost_micros) if job.cost_micros is not None else None
+        job.cost_usd = _cost_usd(job)
     return render(
         request,
         "dashboard/jobs.html",
@@ -72,6 +72,12 @@ def job_new(request):
     return render(request, "dashboard/job_new.html", {"form": form})
 
 
+def _cost_usd(job) -> str | None:
+    """What the job was charged, once billing attributed it (its record selected with the job)."""
+    cost = billing_selectors.job_cost_micros(job=job)
+    return None if cost is None else usd(cost)
+
+
 def _parameters(job) -> list[tuple[str, object, bool]]:
     """The submit parameters as (name, value, shown as code)."""
     rows = [
@@ -97,8 +103,8 @@ def job_detail(request, job_id: str):
     checkpoints = selectors.list_checkpoints(job=job).order_by("-step", "-final")
     refund = getattr(job, "refund", None)  # select_related: None when there is none
     instance = getattr(job, "instance", None)  # cached for job_accrued_micros
-    accrued = None
-    if job.cost_micros is None and instance and instance.launched_at:
+    accrued, cost_usd = None, _cost_usd(job)
+    if cost_usd is None and instance and instance.launched_at:
         accrued = usd(billing_selectors.job_accrued_micros(job=job))
     return render(
         request,
@@ -110,7 +116,7 @@ def job_detail(request, job_id: str):
             "catalog_error": errors.CATALOG.get(job.error_code),
             "refund": refund,
             "refund_usd": usd(refund.amount_micros) if refund else None,
-            "cost_usd": usd(job.cost_micros) if job.cost_micros is not None else None,
+            "cost_usd": cost_usd,
             "accrued_usd": accrued,
             "parameters": _parameters(job),
         },
@@ -125,7 +131,7 @@ def job_status(request, job_id: str):
             "status": job.status,
             "last_step": job.last_step,
             "finished": job.is_terminal,
-            "cost_usd": usd(job.cost_micros) if job.cost_micros is not None else None,
+            "cost_usd": _cost_usd(job),
             "checkpoints": selectors.list_checkpoints(job=job).count(),
         }
     )

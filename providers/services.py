@@ -1,5 +1,6 @@
-"""Which providers this deployment can use, their adapters, and the sweep for machines left
-renting."""
+"""Which providers this deployment can use, their adapters, the sweep for machines left
+renting, and every write of the machine rows (`Instance`, `LaunchAttempt`): training decides
+when a machine is reserved, launched or ended, and calls these."""
 
 import logging
 import time
@@ -13,10 +14,11 @@ from django.utils.module_loading import import_string
 
 from providers.base import NoFreeSlot, ProviderAdapter, ProviderUnavailable
 from providers.catalog import GpuType, ProviderSpec, providers
-from providers.models import Instance, ProviderLock
+from providers.models import Instance, LaunchAttempt, ProviderLock
 
 log = logging.getLogger(__name__)
 _availability: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
+KEEP = object()  # `record_machine`: leave `launched_at` as it is
 
 
 @cache
@@ -115,3 +117,54 @@ def sweep_orphans(*, live_jobs: Callable[[set[str]], dict[str, str | None]]) -> 
             log.warning("swept %s instance %s of job %r", name, external_id, job_id or "?")
             swept.append(external_id)
     return swept
+
+
+# Rows of machines: training decides when, these write them (its services call down here).
+
+
+def record_launch_attempt(*, job, zone: str, outcome: str, message: str = "") -> LaunchAttempt:
+    """One try at launching the job's machine in `zone`, and how it went."""
+    return LaunchAttempt.objects.create(
+        job=job, provider=job.provider, zone=zone, outcome=outcome, message=message
+    )
+
+
+def record_machine(*, instance: Instance, external_id: str, launched_at=KEEP) -> bool:
+    """The provider's machine for a reservation, and (unless `KEEP`) when it launched, when its
+    cost starts (None: still being found). False when the reservation is gone: the watchdog
+    took the launch for dead and released it, so the machine is not the job's."""
+    fields = {"external_id": external_id}
+    if launched_at is not KEEP:
+        fields["launched_at"] = launched_at
+    return bool(Instance.objects.filter(pk=instance.pk).update(**fields))
+
+
+def machine_obtained(*, job) -> None:
+    """A provider that fulfils requests later has the job's machine: its cost starts now (once)."""
+    Instance.objects.filter(job=job, launched_at__isnull=True).update(launched_at=timezone.now())
+
+
+def discard_instance(*, instance: Instance) -> None:
+    """Drop a reservation that launched nothing, or the row of a run that ended (a restart)."""
+    instance.delete()
+
+
+def release_reservation(*, job) -> None:
+    """Drop the job's reservation whose launch recorded no machine (a stalled launch)."""
+    Instance.objects.filter(job=job, external_id="").delete()
+
+
+def stop_cost(*, instance: Instance) -> bool:
+    """The machine's cost stops now, unless something stopped it already."""
+    return bool(
+        Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
+            terminated_at=timezone.now()
+        )
+    )
+
+
+def terminate_machine(*, instance: Instance) -> None:
+    """Ask the provider to delete the machine (when one was recorded), then stop its cost."""
+    if instance.external_id:
+        get_adapter(instance.provider).terminate(instance.external_id)
+    stop_cost(instance=instance)

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from training import selectors
+from training import hooks, selectors
 from training.models import (
     MAX_SEQ,
     Checkpoint,
@@ -93,6 +93,8 @@ class JobOut(serializers.ModelSerializer):
     )
     error = serializers.SerializerMethodField()
     cost_usd = serializers.SerializerMethodField()
+    cost_attributed_at = serializers.SerializerMethodField()
+    billing_deducted_at = serializers.SerializerMethodField()
     max_cost_usd = serializers.SerializerMethodField()
     refund = serializers.SerializerMethodField()
     restarts = serializers.SerializerMethodField()
@@ -148,9 +150,26 @@ class JobOut(serializers.ModelSerializer):
             "attribution": job.error_attribution,
         }
 
+    def _money(self, job: TrainingJob) -> hooks.JobMoney:
+        """Billing keeps a job's money; asked once per job through the hook (no query when the
+        job came from `selectors`, which select billing's record and refund)."""
+        cached = getattr(job, "_veri_money", None)
+        if cached is None:
+            cached = job._veri_money = hooks.money().job_money(job=job)
+        return cached
+
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_cost_usd(self, job: TrainingJob) -> str | None:
-        return None if job.cost_micros is None else usd(job.cost_micros)
+        cost = self._money(job).cost_micros
+        return None if cost is None else usd(cost)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_cost_attributed_at(self, job: TrainingJob) -> str | None:
+        return _datetime(self._money(job).cost_attributed_at)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_billing_deducted_at(self, job: TrainingJob) -> str | None:
+        return _datetime(self._money(job).billing_deducted_at)
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_max_cost_usd(self, job: TrainingJob) -> str | None:
@@ -176,10 +195,15 @@ class JobOut(serializers.ModelSerializer):
 
     @extend_schema_field(RefundOut(allow_null=True))
     def get_refund(self, job: TrainingJob) -> dict | None:
-        refund = getattr(job, "refund", None)
-        if refund is None:
+        money = self._money(job)
+        if money.refund_status is None:
             return None
-        return {"status": refund.status, "amount_usd": usd(refund.amount_micros)}
+        return {"status": money.refund_status, "amount_usd": usd(money.refund_micros or 0)}
+
+
+def _datetime(value) -> str | None:
+    """As a model's DateTimeField renders (the API's one format for times)."""
+    return None if value is None else serializers.DateTimeField().to_representation(value)
 
 
 class EventOut(serializers.ModelSerializer):

@@ -5,6 +5,7 @@ turns them into money. Billing registers its implementation when the app loads
 (`billing.apps.BillingConfig.ready`), as provider adapters are registered in settings, so the
 import graph keeps pointing down: billing imports training, never the reverse."""
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -16,6 +17,17 @@ if TYPE_CHECKING:
     from training.models import TrainingJob
 
 
+@dataclass(frozen=True, slots=True)
+class JobMoney:
+    """A job's money as billing keeps it, for training's API to show (None: not yet)."""
+
+    cost_micros: int | None = None  # attributed once the job has ended
+    cost_attributed_at: datetime | None = None
+    billing_deducted_at: datetime | None = None  # charged to the ledger (also when 0)
+    refund_status: str | None = None
+    refund_micros: int | None = None
+
+
 class Money(Protocol):
     def check_account(self, *, workspace: Workspace) -> None:
         """Raise PaymentRequired (402) when the workspace cannot be billed at all."""
@@ -24,8 +36,13 @@ class Money(Protocol):
         """Raise PaymentRequired unless the balance covers a new job's first hour. Called inside
         submit's transaction: it locks the workspace's billing account row until that commits."""
 
-    def attributed_cost_micros(self, *, job: "TrainingJob") -> int:
-        """What a finished job (its instance terminated) is charged, before refunds."""
+    def attribute_cost(self, *, job: "TrainingJob") -> None:
+        """Record, once, what a finished job (its instance terminated) is charged, before
+        refunds; billing keeps it on its own record. Idempotent."""
+
+    def job_money(self, *, job: "TrainingJob") -> JobMoney:
+        """The job's cost, charge and refund as billing has them; no query when the job was
+        read with `training.selectors` (which select billing's record and refund)."""
 
     def settle(self, *, job_id: int) -> None:
         """Charge a job whose cost is attributed, credit or queue its refund; idempotent."""

@@ -113,9 +113,7 @@ class TrainingJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # reached running
     finished_at = models.DateTimeField(null=True, blank=True)
     cost_waived = models.BooleanField(default=False)  # cancelled before running
-    cost_micros = models.PositiveBigIntegerField(null=True, blank=True)
-    cost_attributed_at = models.DateTimeField(null=True, blank=True)
-    billing_deducted_at = models.DateTimeField(null=True, blank=True)
+    # What the job cost and when it was charged are billing's (`billing.JobBilling`).
     # The settle task's last step done (money included): until then the watchdog re-queues it.
     settled_at = models.DateTimeField(null=True, blank=True)
     log_archived_at = models.DateTimeField(null=True, blank=True)

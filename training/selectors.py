@@ -31,7 +31,9 @@ def get_dataset(*, workspace: Workspace, dataset_id: str) -> Dataset:
 def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
     return (
         TrainingJob.objects.filter(workspace=workspace)
-        .select_related("workspace", "dataset", "resume_from", "refund")
+        # billing's record and refund (reverse relations, named, not imported): the API shows
+        # a job's money through `hooks.money().job_money` without a query per job.
+        .select_related("workspace", "dataset", "resume_from", "billing", "refund")
         .prefetch_related("attempts")
     )
 

@@ -83,7 +83,7 @@ def test_each_failure_moves_exactly_the_money_the_catalog_says(submit, api_clien
     charged, refund_status = EXPECTED[code]
     job = failed_after_an_hour(submit, code)
     entries = kinds(job)
-    cost = job.cost_micros
+    cost = job.billing.cost_micros
     if not charged:
         assert cost == 0 and entries == []
     else:
@@ -92,7 +92,9 @@ def test_each_failure_moves_exactly_the_money_the_catalog_says(submit, api_clien
         if refund_status == "credited":
             expected.append(("refund_credit", cost))
         assert entries == expected
-    assert job.billing_deducted_at is not None and job.cost_attributed_at is not None
+    assert (
+        job.billing.billing_deducted_at is not None and job.billing.cost_attributed_at is not None
+    )
     refund = api_client.get(f"/v1/training_jobs/{job.public_id}").json()["refund"]
     if refund_status is None:
         assert refund is None
@@ -121,8 +123,8 @@ def test_a_completed_job_is_charged_once_and_the_balance_is_the_sum(submit, bill
     for _ in range(3):
         tasks.settle_job(job_id=job.pk)
     job.refresh_from_db()
-    assert kinds(job) == [("job_charge", -job.cost_micros)]
-    assert services.balance_micros(workspace=billed) == before - job.cost_micros
+    assert kinds(job) == [("job_charge", -job.billing.cost_micros)]
+    assert services.balance_micros(workspace=billed) == before - job.billing.cost_micros
     total = sum(
         LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
     )
@@ -143,9 +145,9 @@ def test_cancel_before_running_is_free_and_while_running_charged_to_the_cancel(s
     drive(late, "configuring", "running")
     answer = api_client.post(f"/v1/training_jobs/{late.public_id}/cancel").json()
     late.refresh_from_db()
-    assert L4_HOUR // 2 <= late.cost_micros < L4_HOUR // 2 + 1000
-    assert kinds(late) == [("job_charge", -late.cost_micros)]
-    assert answer["cost_usd"] == services.usd(late.cost_micros)
+    assert L4_HOUR // 2 <= late.billing.cost_micros < L4_HOUR // 2 + 1000
+    assert kinds(late) == [("job_charge", -late.billing.cost_micros)]
+    assert answer["cost_usd"] == services.usd(late.billing.cost_micros)
 
 
 def test_the_ledger_is_append_only(submit, billed):
@@ -194,7 +196,7 @@ def test_review_approve_deny_and_reattribute(submit, billed):
     with pytest.raises(Exception, match="reason"):
         services.deny_refund(refund_id=denied.refund.pk, reviewer=operator, reason=" ")
     services.deny_refund(refund_id=denied.refund.pk, reviewer=operator, reason="customer files")
-    assert services.balance_micros(workspace=billed) == before + approved.cost_micros
+    assert services.balance_micros(workspace=billed) == before + approved.billing.cost_micros
     assert Refund.objects.get(job=approved).status == "credited"
     assert Refund.objects.get(job=denied).status == "denied"
     # The operator finds it was the platform after all: re-attribution credits it, once.
@@ -206,7 +208,7 @@ def test_review_approve_deny_and_reattribute(submit, billed):
     )
     assert Refund.objects.get(job=denied).status == "credited"
     assert services.balance_micros(workspace=billed) == (
-        before + approved.cost_micros + denied.cost_micros
+        before + approved.billing.cost_micros + denied.billing.cost_micros
     )
     # A customer-attributed failure re-attributed to the platform gets its money back too.
     oom = failed_after_an_hour(submit, "oom")
@@ -229,12 +231,12 @@ def test_settling_and_approving_twice_at_once_moves_money_once(submit, billed):
     in_threads(8, lambda i: tasks.settle_job(job_id=(credited, reviewed)[i % 2].pk))
     credited.refresh_from_db()
     reviewed.refresh_from_db()
-    assert L4_HOUR <= credited.cost_micros < L4_HOUR + 1000
+    assert L4_HOUR <= credited.billing.cost_micros < L4_HOUR + 1000
     assert kinds(credited) == [
-        ("job_charge", -credited.cost_micros),
-        ("refund_credit", credited.cost_micros),
+        ("job_charge", -credited.billing.cost_micros),
+        ("refund_credit", credited.billing.cost_micros),
     ]
-    assert kinds(reviewed) == [("job_charge", -reviewed.cost_micros)]
+    assert kinds(reviewed) == [("job_charge", -reviewed.billing.cost_micros)]
     assert Refund.objects.get(job=reviewed).status == "pending"
     assert JobEvent.objects.filter(job=reviewed, type="refund_pending").count() == 1
     in_threads(
@@ -242,7 +244,10 @@ def test_settling_and_approving_twice_at_once_moves_money_once(submit, billed):
         lambda i: services.approve_refund(refund_id=reviewed.refund.pk, reviewer=operator),
     )
     for job in (credited, reviewed):
-        assert kinds(job) == [("job_charge", -job.cost_micros), ("refund_credit", job.cost_micros)]
+        assert kinds(job) == [
+            ("job_charge", -job.billing.cost_micros),
+            ("refund_credit", job.billing.cost_micros),
+        ]
         assert JobEvent.objects.filter(job=job, type="job_refunded").count() == 1
     total = sum(
         LedgerEntry.objects.filter(workspace=billed).values_list("amount_micros", flat=True)
@@ -333,7 +338,10 @@ def test_reattributing_at_once_has_one_effect(submit, billed):
         ),
     )
     for job in (denied, oom):
-        assert kinds(job) == [("job_charge", -job.cost_micros), ("refund_credit", job.cost_micros)]
+        assert kinds(job) == [
+            ("job_charge", -job.billing.cost_micros),
+            ("refund_credit", job.billing.cost_micros),
+        ]
         assert JobEvent.objects.filter(job=job, type="job_refunded").count() == 1
 
     # Platform and customer at once: whichever comes second sees the first's refund, so the
@@ -354,8 +362,8 @@ def test_reattributing_at_once_has_one_effect(submit, billed):
     assert raced.error_attribution == "platform"
     assert Refund.objects.get(job=raced).status == "credited"
     assert kinds(raced) == [
-        ("job_charge", -raced.cost_micros),
-        ("refund_credit", raced.cost_micros),
+        ("job_charge", -raced.billing.cost_micros),
+        ("refund_credit", raced.billing.cost_micros),
     ]
 
 

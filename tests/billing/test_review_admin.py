@@ -46,6 +46,9 @@ def test_a_customer_failure_is_reattributed_from_the_jobs_admin(submit, billed, 
     oom.refresh_from_db()
     assert oom.error_attribution == "platform"
     assert Refund.objects.get(job=oom).status == "credited"
-    assert kinds(oom) == [("job_charge", -oom.cost_micros), ("refund_credit", oom.cost_micros)]
+    assert kinds(oom) == [
+        ("job_charge", -oom.billing.cost_micros),
+        ("refund_credit", oom.billing.cost_micros),
+    ]
     change = AttributionChange.objects.get()
     assert (change.job, change.from_attribution, change.changed_by) == (oom, "customer", operator)

@@ -103,7 +103,7 @@ def test_an_operator_approves_one_refund_and_denies_another(
     assert Refund.objects.get(pk=approved.pk).status == "credited"
     assert Refund.objects.get(pk=denied.pk).status == "denied"
     assert Refund.objects.get(pk=denied.pk).reviewer == operator
-    credited = approved.job.cost_micros
+    credited = approved.job.billing.cost_micros
     assert services.balance_micros(workspace=billed) == before + credited
     assert LedgerEntry.objects.filter(kind="refund_credit").count() == 1
 

@@ -98,7 +98,10 @@ def assert_restarted_once_and_completed(api_client, job_id: str, *, cause: str, 
     assert (run["attempt"], run["cause"]) == (1, cause)
     credit = LedgerEntry.objects.get(job=job, kind="refund_credit")
     assert credit.amount_micros == job.attempts.get().lost_micros > 0
-    assert LedgerEntry.objects.get(job=job, kind="job_charge").amount_micros == -job.cost_micros
+    assert (
+        LedgerEntry.objects.get(job=job, kind="job_charge").amount_micros
+        == -job.billing.cost_micros
+    )
     return job, full
 
 

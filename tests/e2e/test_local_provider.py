@@ -45,7 +45,7 @@ def test_local_provider_runs_queued_jobs_one_slot_at_a_time(
 
     def settled(job_id: str) -> bool:  # terminal, and the settle task has run
         return TrainingJob.objects.filter(
-            public_id=job_id, cost_attributed_at__isnull=False
+            public_id=job_id, billing__cost_attributed_at__isnull=False
         ).exists()
 
     wait_for(lambda: status(first) == "running", 60, "the first job to run")

@@ -107,7 +107,7 @@ def wait_settled(job_id: str, timeout: float = 240) -> TrainingJob:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = TrainingJob.objects.filter(
-            public_id=job_id, billing_deducted_at__isnull=False
+            public_id=job_id, billing__billing_deducted_at__isnull=False
         ).first()
         if job:
             return job
@@ -406,7 +406,7 @@ def test_max_cost_stops_a_real_job_after_a_checkpoint_and_charges_the_cap(
     job = wait_settled(job_id, timeout=240)
     assert (job.status, job.error_code) == ("failed", "budget_exceeded"), job.error_message
     assert "Stopped at step" in job.error_message  # the worker stopped itself, not the watchdog
-    assert job.cost_micros == 600_000
+    assert job.billing.cost_micros == 600_000
     charges = LedgerEntry.objects.filter(job=job).values_list("kind", "amount_micros")
     assert list(charges) == [("job_charge", -600_000)]
     checkpoints = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]

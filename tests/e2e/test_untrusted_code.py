@@ -90,7 +90,7 @@ def test_hostile_rewards_end_as_their_own_errors_and_reach_nothing(api_client, p
             "customer",
             1,
         ), (name, job.error_message)
-        assert job.cost_micros > 0
+        assert job.billing.cost_micros > 0
         assert LedgerEntry.objects.filter(job=job, kind="job_charge").exists()
         assert not Refund.objects.filter(job=job).exists(), name
     full = api_client.get(f"/v1/training_jobs/{jobs['probe']}/logs/full").getvalue().decode()

@@ -126,7 +126,7 @@ def test_refusals_in_every_zone_fail_with_the_catalogs_code_and_bill_nothing(
     assert instances(ec2_endpoint) == []
     tasks.settle_job(job_id=job.pk)
     job.refresh_from_db()
-    assert job.cost_micros == 0
+    assert job.billing.cost_micros == 0
     body = api_client.get(f"/v1/training_jobs/{job.public_id}").json()
     assert body["error"]["code"] == code
     if code == "QUOTA_EXCEEDED":

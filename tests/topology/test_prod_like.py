@@ -98,7 +98,7 @@ def test_real_jobs_uploads_and_cancels_run_through_the_topology_and_logs_survive
     step_lines = [line["text"].split()[1] for line in lines if line["text"].startswith("step ")]
     assert step_lines == [f"{n}/40" for n in range(1, 41)]
     [charge] = charges(job.id)
-    assert -charge.amount_micros == settled(job.id).cost_micros > 0
+    assert -charge.amount_micros == settled(job.id).billing.cost_micros > 0
     [final] = [c for c in veri.training_jobs.checkpoints(job.id) if c["final"]]
     assert "adapter_model.safetensors" in {f["path"] for f in final["files"]}
 
@@ -145,7 +145,7 @@ def test_a_task_worker_killed_while_settling_charges_once(prod_like, customer, w
         job = veri.training_jobs.create(**spec)
         wait_for(
             lambda: TrainingJob.objects.filter(
-                public_id=job.id, cost_attributed_at__isnull=False
+                public_id=job.id, billing__cost_attributed_at__isnull=False
             ).exists(),
             120,
             "settling to attribute the job's cost",
@@ -165,14 +165,14 @@ def test_a_task_worker_killed_while_settling_charges_once(prod_like, customer, w
         )
         topology.stop_cluster(topology.clusters[0], kill=True)
         blocker.rollback()
-    assert TrainingJob.objects.get(public_id=job.id).billing_deducted_at is None
+    assert TrainingJob.objects.get(public_id=job.id).billing.billing_deducted_at is None
     topology.start_cluster()
 
     done = settled(job.id, timeout=150)
     assert done.status == "completed"
     [charge] = charges(job.id)
-    assert -charge.amount_micros == done.cost_micros > 0
-    assert balance_micros(workspace=workspace) == 100_000_000 - done.cost_micros
+    assert -charge.amount_micros == done.billing.cost_micros > 0
+    assert balance_micros(workspace=workspace) == 100_000_000 - done.billing.cost_micros
 
 
 def test_queued_work_survives_a_redis_restart_and_a_submit_while_it_is_down(

@@ -171,7 +171,11 @@ def test_cancel_terminates_now_and_waives_cost_before_running(submit, cloud):
     job = jobs.cancel_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
     assert job.status == S.CANCELLED and cloud.terminated == ["i-0001"]
     job.refresh_from_db()
-    assert job.cost_waived and job.cost_micros == 0 and job.cost_attributed_at is not None
+    assert (
+        job.cost_waived
+        and job.billing.cost_micros == 0
+        and job.billing.cost_attributed_at is not None
+    )
     assert Instance.objects.get(job=job).terminated_at is not None
 
 
@@ -182,7 +186,7 @@ def test_a_running_job_is_charged_for_its_instance_time(submit, cloud):
     drive(job, S.CONFIGURING, S.RUNNING, S.COMPLETED)
     jobs.close_out_job(job=TrainingJob.objects.select_related("workspace").get(pk=job.pk))
     job.refresh_from_db()
-    assert 2 * 805_000 <= job.cost_micros < 2 * 805_000 + 1000  # 2 h of one L4
+    assert 2 * 805_000 <= job.billing.cost_micros < 2 * 805_000 + 1000  # 2 h of one L4
     assert cloud.terminated == ["i-0001"]
 
 

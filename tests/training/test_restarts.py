@@ -128,7 +128,7 @@ def test_max_restarts_reached_fails_with_the_last_fault_and_the_normal_refund_ru
             "amount_micros", flat=True
         )
     )
-    assert job.refund.amount_micros == job.cost_micros - lost
+    assert job.refund.amount_micros == job.billing.cost_micros - lost
 
 
 MINUTE = timedelta(minutes=1)
@@ -165,9 +165,9 @@ def test_a_restarted_jobs_charge_and_credit_are_its_kept_and_lost_compute(
     assert run.kept_micros == pytest.approx(kept_minutes * per_minute, abs=50)
     assert run.lost_micros == pytest.approx(lost_minutes * per_minute, abs=50)
     final_run = Instance.objects.get(job=job).accrued_micros()
-    assert job.cost_micros == run.kept_micros + run.lost_micros + final_run
+    assert job.billing.cost_micros == run.kept_micros + run.lost_micros + final_run
     entries = dict(LedgerEntry.objects.filter(job=job).values_list("kind", "amount_micros"))
-    assert entries["job_charge"] == -job.cost_micros
+    assert entries["job_charge"] == -job.billing.cost_micros
     assert entries.get("refund_credit", 0) == run.lost_micros
     assert not Refund.objects.filter(job=job).exists()  # it completed: nothing else is owed
 

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from providers import catalog
+from providers import services as provider_services
 from providers.base import ProviderUnavailable
 from providers.models import Instance
 from providers.services import default_provider, get_adapter, is_usable, usable_providers
@@ -93,9 +94,7 @@ def machine_obtained(*, job: TrainingJob) -> TrainingJob:
     """A provider that fulfils requests later (Flex-start) has the machine: billing starts now
     and the job leaves `queued` (idempotent: a later call changes nothing)."""
     with transaction.atomic():
-        Instance.objects.filter(job=job, launched_at__isnull=True).update(
-            launched_at=timezone.now()
-        )
+        provider_services.machine_obtained(job=job)
         if job.status == S.QUEUED:
             job = transition_job(job_id=job.pk, to=S.PROVISIONING, detail={"capacity": "obtained"})
     return job
@@ -104,13 +103,8 @@ def machine_obtained(*, job: TrainingJob) -> TrainingJob:
 def terminate_instance(*, job: TrainingJob) -> None:
     """Stop the job's machine now (idempotent); cost stops accruing at `terminated_at`."""
     instance = Instance.objects.filter(job=job, terminated_at__isnull=True).first()
-    if instance is None:
-        return
-    if instance.external_id:
-        get_adapter(instance.provider).terminate(instance.external_id)
-    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
-        terminated_at=timezone.now()
-    )
+    if instance is not None:
+        provider_services.terminate_machine(instance=instance)
 
 
 class JobNotEnded(Conflict):
@@ -128,10 +122,7 @@ def release_instance(*, job: TrainingJob) -> None:
     instance = Instance.objects.filter(job=job).first()
     if instance is None or not instance.external_id:
         return
-    get_adapter(instance.provider).terminate(instance.external_id)
-    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
-        terminated_at=timezone.now()
-    )
+    provider_services.terminate_machine(instance=instance)
 
 
 def settle_job(*, job_id: int) -> bool:
@@ -152,11 +143,7 @@ def close_out_job(*, job: TrainingJob) -> None:
     """For a finished job: terminate its instance, attribute its cost, archive its full log.
     Safe to repeat; each step checks whether it is already done."""
     terminate_instance(job=job)
-    if job.cost_attributed_at is None:
-        cost = hooks.money().attributed_cost_micros(job=job)  # billing's rules
-        TrainingJob.objects.filter(pk=job.pk, cost_attributed_at__isnull=True).update(
-            cost_micros=cost, cost_attributed_at=timezone.now()
-        )
+    hooks.money().attribute_cost(job=job)  # billing's rules, on billing's record
     volume_services.release_pins(holder=job.pin_holder)
     logs.archive_log(job=job, final=True)
 

@@ -20,7 +20,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
 )
-from providers.models import Instance, LaunchAttempt
+from providers.models import Instance
 from providers.services import get_adapter, reserve_instance, usable_providers
 from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
 from training.services import jobs
@@ -82,16 +82,16 @@ def launch_job(*, job_id: int) -> str:
             with _launch_lease(job.pk):
                 external_id = adapter.launch(launch)
         except ControlPlaneUnreachable as exc:
-            instance.delete()
+            provider_services.discard_instance(instance=instance)
             jobs.fail_job(job_id=job.pk, code="provisioning_error", message=str(exc))
             return "provisioning_error"
         except ProviderError as exc:
-            instance.delete()
+            provider_services.discard_instance(instance=instance)
             outcome = {CapacityError: "capacity", QuotaError: "quota", FundsError: "funds"}.get(
                 type(exc), "error"
             )
-            LaunchAttempt.objects.create(
-                job=job, provider=job.provider, zone=zone, outcome=outcome, message=str(exc)
+            provider_services.record_launch_attempt(
+                job=job, zone=zone, outcome=outcome, message=str(exc)
             )
             JobEvent.objects.create(
                 job=job,
@@ -136,22 +136,20 @@ def launch_job(*, job_id: int) -> str:
         if adapter.waits_for_capacity:
             # The provider finds the machine later: the job stays queued and unbilled until the
             # watchdog (or the worker registering) sees it obtained.
-            if not Instance.objects.filter(pk=instance.pk).update(external_id=external_id):
+            if not provider_services.record_machine(instance=instance, external_id=external_id):
                 return _superseded(adapter, external_id)
-            LaunchAttempt.objects.create(
-                job=job, provider=job.provider, zone=zone, outcome="requested"
-            )
+            provider_services.record_launch_attempt(job=job, zone=zone, outcome="requested")
             JobEvent.objects.create(
                 job=job, type="capacity_requested", detail={"zone": zone, "instance": external_id}
             )
             if TrainingJob.objects.filter(pk=job.pk, status__in=TERMINAL).exists():
                 return _ended_while_launching(adapter, instance, external_id)
             return "requested: the provider is finding the machine"
-        if not Instance.objects.filter(pk=instance.pk).update(
-            external_id=external_id, launched_at=timezone.now()
+        if not provider_services.record_machine(
+            instance=instance, external_id=external_id, launched_at=timezone.now()
         ):
             return _superseded(adapter, external_id)
-        LaunchAttempt.objects.create(job=job, provider=job.provider, zone=zone, outcome="launched")
+        provider_services.record_launch_attempt(job=job, zone=zone, outcome="launched")
         try:
             jobs.transition_job(
                 job_id=job.pk, to=S.PROVISIONING, detail={"zone": zone, "instance": external_id}
@@ -202,9 +200,7 @@ def _ended_while_launching(adapter, instance: Instance, external_id: str) -> str
     """The job was cancelled (or timed out) while its machine was being launched: the cancel
     found no machine id to terminate, so the launch terminates what it got."""
     adapter.terminate(external_id)
-    Instance.objects.filter(pk=instance.pk, terminated_at__isnull=True).update(
-        terminated_at=timezone.now()
-    )
+    provider_services.stop_cost(instance=instance)
     return "launched, but the job had already ended: terminated"
 
 
@@ -265,14 +261,11 @@ def recover_stalled_launch(*, job: TrainingJob) -> str:
             adapter.terminate(external_id)
         # A machine still being found (Flex-start) is billed once obtained, as in `launch_job`.
         waiting = adapter.waits_for_capacity
-        Instance.objects.filter(pk=instance.pk).update(
-            external_id=keep, launched_at=None if waiting else timezone.now()
+        provider_services.record_machine(
+            instance=instance, external_id=keep, launched_at=None if waiting else timezone.now()
         )
-        LaunchAttempt.objects.create(
-            job=job,
-            provider=job.provider,
-            zone=instance.zone,
-            outcome="requested" if waiting else "launched",
+        provider_services.record_launch_attempt(
+            job=job, zone=instance.zone, outcome="requested" if waiting else "launched"
         )
         JobEvent.objects.create(job=job, type="launch_recovered", detail={"instance": keep})
         if job.status == S.QUEUED and not waiting:
@@ -296,7 +289,7 @@ def recover_stalled_launch(*, job: TrainingJob) -> str:
             ),
         )
         return "launch_timeout"
-    Instance.objects.filter(job=job, external_id="").delete()
+    provider_services.release_reservation(job=job)
     released = TrainingJob.objects.filter(
         pk=job.pk, status=S.QUEUED, launch_claimed_at=job.launch_claimed_at
     ).update(launch_claimed_at=None)

@@ -9,6 +9,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from providers import services as provider_services
 from providers.models import Instance
 from providers.services import get_adapter
 from training import errors
@@ -101,7 +102,7 @@ def _restart(job: TrainingJob, instance: Instance, *, code: str, message: str) -
         kept_micros=kept,
         lost_micros=lost,
     )
-    instance.delete()
+    provider_services.discard_instance(instance=instance)
     JobToken.objects.filter(job=job).delete()  # the ended run's worker can report nothing more
     job.status = S.QUEUED
     job.attempt += 1
