@@ -36,3 +36,6 @@ class TrainingMoney:
 
     def enforce_stops(self, *, active: list[TrainingJob], now: datetime) -> dict[str, int]:
         return jobs.enforce_stops(active=active, now=now)
+
+    def split_run(self, **run) -> tuple[int, int]:
+        return jobs.split_run(**run)

@@ -14,7 +14,7 @@ from providers.models import Instance
 from training import errors
 from training.models import TrainingJob
 from training.services import stops
-from veri.money import usd
+from veri.money import compute_micros, usd
 
 
 def attributed_cost_micros(*, job: TrainingJob) -> int:
@@ -85,3 +85,16 @@ def _past_grace(active: list[TrainingJob], accrued: dict, now: datetime) -> list
         now=now,
     )
     return [job for ws in overdue for job in by_workspace[ws]]
+
+
+def split_run(
+    *, price_per_hour_micros: int, launched_at: datetime, ended_at: datetime, checkpoint_at
+) -> tuple[int, int]:
+    """(kept, lost) micro-dollars of a restarted run: kept up to its last checkpoint, lost after
+    it (all of it when the run saved none); what is lost is credited back when the job settles."""
+    kept_until = max(launched_at, min(checkpoint_at or launched_at, ended_at))
+    price = price_per_hour_micros
+    return (
+        compute_micros(price_per_hour_micros=price, start=launched_at, end=kept_until),
+        compute_micros(price_per_hour_micros=price, start=kept_until, end=ended_at),
+    )

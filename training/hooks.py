@@ -47,6 +47,17 @@ class Money(Protocol):
     def settle(self, *, job_id: int) -> None:
         """Charge a job whose cost is attributed, credit or queue its refund; idempotent."""
 
+    def split_run(
+        self,
+        *,
+        price_per_hour_micros: int,
+        launched_at: datetime,
+        ended_at: datetime,
+        checkpoint_at,
+    ) -> tuple[int, int]:
+        """(kept, lost) micro-dollars of a run that is restarted: kept up to its last
+        checkpoint, lost after it (all of it when the run saved none)."""
+
     def enforce_stops(self, *, active: list["TrainingJob"], now: datetime) -> dict[str, int]:
         """Ask the active jobs over their budget, or of a workspace out of money, to stop;
         returns how many were asked, by stop code."""

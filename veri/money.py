@@ -3,7 +3,7 @@ dollar amount in or write one out, whole cents only at Stripe's edge. Pure funct
 every app may import them (billing turns facts into money with them; training and the dashboard
 show amounts with `usd`)."""
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 MICROS = 1_000_000  # micro-dollars in a dollar
@@ -28,10 +28,13 @@ def cents_half_up(micros: int) -> int:
     return cents if micros >= 0 else -cents
 
 
-def compute_micros(*, price_per_hour_micros: int, start: datetime, end: datetime) -> int:
-    """Per second (to the microsecond) from `start` to `end` (nothing when `end` is earlier), at
-    an hourly price, rounded down to the micro-dollar; integers throughout (a float can lose the
-    last micro-dollar)."""
-    delta = end - start
-    elapsed_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+def micros_for(*, price_per_hour_micros: int, elapsed: timedelta) -> int:
+    """`elapsed` (to the microsecond; nothing when negative) at an hourly price, rounded down to
+    the micro-dollar; integers throughout (a float can lose the last micro-dollar)."""
+    elapsed_us = (elapsed.days * 86_400 + elapsed.seconds) * 1_000_000 + elapsed.microseconds
     return price_per_hour_micros * max(elapsed_us, 0) // 3_600_000_000
+
+
+def compute_micros(*, price_per_hour_micros: int, start: datetime, end: datetime) -> int:
+    """Per second from `start` to `end` (nothing when `end` is earlier), at an hourly price."""
+    return micros_for(price_per_hour_micros=price_per_hour_micros, elapsed=end - start)

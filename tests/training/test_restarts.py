@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from billing.jobs import split_run
 from billing.models import LedgerEntry, Refund
 from providers import catalog
 from providers.base import CapacityError, InstanceState, ProviderError
@@ -17,7 +18,6 @@ from tests.training.conftest import drive, worker_client
 from tests.training.test_worker_and_jobs_api import upload_checkpoint, w
 from training import tasks
 from training.models import Checkpoint, JobAttempt, JobEvent, JobStatus, TrainingJob
-from training.services import restarts
 from volumes.models import VolumeFile
 from volumes.stores import get_store
 from volumes.tasks import reconcile_deleted_volumes
@@ -172,9 +172,9 @@ def test_a_restarted_jobs_charge_and_credit_are_its_kept_and_lost_compute(
     assert not Refund.objects.filter(job=job).exists()  # it completed: nothing else is owed
 
 
-def test_split_compute_is_kept_until_the_checkpoint_and_lost_after():
+def test_a_runs_compute_is_kept_until_its_checkpoint_and_lost_after():
     start = timezone.now()
-    split = lambda **kw: restarts.split_compute(  # noqa: E731
+    split = lambda **kw: split_run(  # noqa: E731
         price_per_hour_micros=3_600_000, launched_at=start, **kw
     )
     assert split(ended_at=start + 100 * timedelta(seconds=1), checkpoint_at=None) == (0, 100_000)

@@ -4,11 +4,13 @@ tokens and the GPU's throughput, as a range, with every assumption stated."""
 import json
 import math
 import re
+from datetime import timedelta
 
 from providers import catalog
 from training.models import Dataset
 from training.services.jobs import Plan, Submission, plan_job
 from veri.models import Workspace
+from veri.money import micros_for
 from volumes import selectors as volume_selectors
 from volumes.stores import StoreError, store_for
 
@@ -91,7 +93,7 @@ def quote_job(*, workspace: Workspace, submission: Submission) -> dict:
     price = plan.price_per_hour_micros
 
     def cost(seconds: float) -> int:
-        micros = int(price * seconds / 3600)
+        micros = micros_for(price_per_hour_micros=price, elapsed=timedelta(seconds=seconds))
         return min(micros, plan.max_cost_micros) if plan.max_cost_micros else micros
 
     seconds = {"low": expected * LOW, "expected": expected, "high": expected * HIGH}

@@ -4,15 +4,13 @@
 compute split at its last checkpoint: what came before is kept (charged), what came after is
 lost (credited back when the job settles)."""
 
-from datetime import datetime
-
 from django.db import transaction
 from django.utils import timezone
 
 from providers import services as provider_services
 from providers.models import Instance
 from providers.services import get_adapter
-from training import errors
+from training import errors, hooks
 from training.models import (
     Checkpoint,
     JobAttempt,
@@ -23,7 +21,6 @@ from training.models import (
     TrainingJob,
 )
 from training.services import jobs
-from veri.money import compute_micros
 from veri.queue import enqueue_on_commit
 
 S = JobStatus
@@ -60,25 +57,12 @@ def _restartable(job: TrainingJob, code: str, instance: Instance | None) -> bool
     )
 
 
-def split_compute(
-    *, price_per_hour_micros: int, launched_at: datetime, ended_at: datetime, checkpoint_at
-) -> tuple[int, int]:
-    """(kept, lost) micro-dollars of a run: kept up to its last checkpoint, lost after it (all
-    of it when the run saved none)."""
-    kept_until = max(launched_at, min(checkpoint_at or launched_at, ended_at))
-    price = price_per_hour_micros
-    return (
-        compute_micros(price_per_hour_micros=price, start=launched_at, end=kept_until),
-        compute_micros(price_per_hour_micros=price, start=kept_until, end=ended_at),
-    )
-
-
 def _restart(job: TrainingJob, instance: Instance, *, code: str, message: str) -> TrainingJob:
     now = timezone.now()
     newest = Checkpoint.objects.filter(job=job, final=False).order_by("-step").first()
     saved_in_run = newest if newest and newest.created_at >= instance.launched_at else None
     checkpoint_at = saved_in_run.created_at if saved_in_run else None
-    kept, lost = split_compute(
+    kept, lost = hooks.money().split_run(
         price_per_hour_micros=instance.price_per_hour_micros,
         launched_at=instance.launched_at,
         ended_at=now,
