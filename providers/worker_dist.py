@@ -6,6 +6,7 @@ URLs (`manifest`), so a machine needs neither the public package index nor a pub
 
 import hashlib
 import io
+import logging
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from base64 import urlsafe_b64encode
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
+from platform import machine
 
 from django.conf import settings
 from packaging.requirements import Requirement
@@ -22,6 +24,7 @@ from packaging.requirements import Requirement
 from volumes.stores import keys, store_for
 from worker.build import build_id, source_files
 
+log = logging.getLogger(__name__)
 SUMS = "SHA256SUMS"
 # Torch's CUDA builds, by the CUDA version they need of the driver; "cpu" for none.
 BACKENDS = ("cpu", "cu118", "cu121", "cu124", "cu126", "cu128", "cu130")
@@ -138,14 +141,20 @@ def _files(kind: str, folder: keys.Prefix, sums: dict[str, str]) -> list[DistFil
 
 
 def worker_files() -> list[DistFile]:
-    """The worker wheel of the running code and the `uv` binary, stored on first use."""
+    """The worker wheel of the running code and the `uv` binary, stored on first use. The uv
+    served is the one this control plane was installed with, whose binary runs where the control
+    plane runs: it is served only from x86-64 Linux, the machines Veri rents (elsewhere the
+    manifest has no installer, and a machine's bootstrap fails saying so)."""
     worker = _folder("worker", build_id())
     sums = _read_sums(worker)
     if sums is None:
         sums = store_folder(worker, [worker_wheel_bytes()])
-    import uv  # the installer this control plane itself was installed with
+    if (sys.platform, machine()) != ("linux", "x86_64"):
+        log.warning("no uv to serve rented machines: this control plane is not x86-64 Linux")
+        return _files("worker", worker, sums)
+    import uv
 
-    installer = _folder("uv", version("uv"))
+    installer = _folder("uv", version("uv"), "linux-x86_64")
     uv_sums = _read_sums(installer) or store_folder(installer, [("uv", Path(uv.find_uv_bin()))])
     return _files("uv", installer, uv_sums) + _files("worker", worker, sums)
 
