@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SUMS = "SHA256SUMS"
 # Torch's CUDA builds, by the CUDA version they need of the driver; "cpu" for none.
 BACKENDS = ("cpu", "cu118", "cu121", "cu124", "cu126", "cu128", "cu130")
+CUDA_BUILDS = {b: (int(b[2:-1]), int(b[-1])) for b in BACKENDS[1:]}  # "cu124" → (12, 4), in order
 TORCH_INDEX_URL = "https://download.pytorch.org/whl"
 # The machines Veri rents: x86-64 Linux with glibc 2.28 or newer (every provider's image).
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
@@ -177,9 +178,7 @@ def backend_for(cuda: str) -> list[str]:
     if not match:
         return ["cpu"]
     driver = (int(match[1]), int(match[2]))
-    cuda_builds = [b for b in BACKENDS if b != "cpu"]
-    usable = [b for b in cuda_builds if (int(b[2:-1]), int(b[-1])) <= driver]
-    return sorted(usable, key=lambda b: (int(b[2:-1]), int(b[-1])), reverse=True)
+    return [b for b, needs in reversed(CUDA_BUILDS.items()) if needs <= driver]
 
 
 def pip_download_command(*, python: str, backend: str, torch_index_url: str | None) -> list[str]:
