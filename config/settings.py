@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "training",
     "billing",
     "providers",
+    "openai_api",
     "dashboard",
 ]
 
@@ -265,6 +266,13 @@ VERI_IDEMPOTENCY_KEEP_SECONDS = env.int("VERI_IDEMPOTENCY_KEEP_SECONDS", default
 # What workers call back.
 VERI_PUBLIC_URL = env.str("VERI_PUBLIC_URL", default="http://127.0.0.1:8000")
 VERI_DATASET_MAX_BYTES = env.int("VERI_DATASET_MAX_BYTES", default=100 * 1024**2)
+# The OpenAI-compatible face: the base models `GET /v1/models` lists as trainable here, and the
+# GPU a fine-tuning job gets unless it asks (`extra_body={"veri": {"gpu_type": ...}}`).
+VERI_BASE_MODELS = env.list(
+    "VERI_BASE_MODELS",
+    default=["Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen3-0.6B"],
+)
+VERI_OPENAI_GPU_TYPE = env.str("VERI_OPENAI_GPU_TYPE", default="cpu")
 VERI_DEFAULT_PROVIDER = env.str("VERI_DEFAULT_PROVIDER", default=None)
 # Which providers this deployment offers (VERI_PROVIDERS=local,aws), and their adapters.
 KNOWN_PROVIDER_ADAPTERS = {

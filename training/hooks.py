@@ -5,6 +5,7 @@ turns them into money. Billing registers its implementation when the app loads
 (`billing.apps.BillingConfig.ready`), as provider adapters are registered in settings, so the
 import graph keeps pointing down: billing imports training, never the reverse."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -75,3 +76,18 @@ def money() -> Money:
     if _money is None:
         raise ImproperlyConfigured("No money hook is registered: is billing in INSTALLED_APPS?")
     return _money
+
+
+# Faces above training (the OpenAI-compatible one) told, in the ending transaction, that a job
+# reached a terminal state: they publish their own events for the jobs they started.
+_job_ended: list[Callable[["TrainingJob"], None]] = []
+
+
+def register_job_ended(callback: Callable[["TrainingJob"], None]) -> None:
+    if callback not in _job_ended:
+        _job_ended.append(callback)
+
+
+def job_ended(job: "TrainingJob") -> None:
+    for callback in _job_ended:
+        callback(job)

@@ -78,6 +78,7 @@ def transition_job(
     job.save()
     JobEvent.objects.create(job=job, type=to, detail=event)
     if to in TERMINAL:
+        hooks.job_ended(job)
         enqueue_on_commit("training.tasks.settle_job", job_id=job.pk)
     return job
 
@@ -528,7 +529,16 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
             field="checkpoint_id",
             code="nothing_to_resume",
         )
-    sub = Submission(
+    return submit_job(workspace=job.workspace, submission=_again(job, checkpoint=checkpoint))
+
+
+def resubmit_job(*, job: TrainingJob) -> TrainingJob:
+    """A new job with the same spec, from the start (a job that ended before saving anything)."""
+    return submit_job(workspace=job.workspace, submission=_again(job, checkpoint=None))
+
+
+def _again(job: TrainingJob, *, checkpoint: Checkpoint | None) -> Submission:
+    return Submission(
         base_model=job.base_model,
         dataset_id=job.dataset.public_id,
         method=job.method,
@@ -541,7 +551,7 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
         provider=job.provider,
         region=job.region,
         volumes=[v["id"] for v in job.volumes],
-        resume_from=checkpoint.public_id,
+        resume_from=checkpoint.public_id if checkpoint else None,
         checkpoint_every=job.checkpoint_every,
         checkpoint_keep=job.checkpoint_keep,
         heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,
@@ -550,4 +560,3 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
         auto_resume=job.auto_resume,
         max_restarts=job.max_restarts,
     )
-    return submit_job(workspace=job.workspace, submission=sub)

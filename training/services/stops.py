@@ -11,9 +11,31 @@ from django.conf import settings
 
 from training import hooks
 from training.models import JobEvent, JobStatus, TrainingJob
-from training.services.jobs import InvalidTransition, fail_job
+from training.services.jobs import InvalidTransition, cancel_job, fail_job, transition_job
+from veri.errors import Conflict
 
 S = JobStatus
+# A stop the customer asked for to continue later: the run saves a checkpoint and ends
+# cancelled (charged for what it ran); `resume_job` continues from that checkpoint.
+PAUSED = "paused"
+
+
+def pause_job(*, job: TrainingJob, now: datetime) -> TrainingJob:
+    """A running job is asked to save a checkpoint and stop; one not yet training has nothing
+    to save and is cancelled at once (its cost waived, as any cancel before running)."""
+    if job.is_terminal:
+        raise Conflict(f"Job {job.public_id} already {job.status}.", code="job_finished")
+    if job.status != S.RUNNING:
+        return cancel_job(job=job)
+    request_stop(job=job, code=PAUSED, message="Paused by the customer.", now=now)
+    job.refresh_from_db()
+    return job
+
+
+def end_paused(*, job_id: int, step: int | None = None) -> TrainingJob:
+    """The paused run stopped (or its grace ran out): it ends cancelled, by the customer."""
+    detail = {"by": "customer", "paused": True} | ({"step": step} if step is not None else {})
+    return transition_job(job_id=job_id, to=S.CANCELLED, detail=detail)
 
 
 def request_stop(*, job: TrainingJob, code: str, message: str, now: datetime) -> bool:
@@ -40,6 +62,12 @@ def enforce(*, active: Iterable[TrainingJob], now: datetime) -> dict[str, int]:
     grace = now - timedelta(seconds=settings.VERI_STOP_GRACE_SECONDS)
     for job in active:
         if job.stop_code and job.stop_requested_at and job.stop_requested_at < grace:
+            if job.stop_code == PAUSED:
+                try:
+                    end_paused(job_id=job.pk)
+                except InvalidTransition:
+                    pass
+                continue
             try:
                 fail_job(
                     job_id=job.pk,

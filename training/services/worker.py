@@ -25,7 +25,7 @@ from training.models import (
     Sample,
     TrainingJob,
 )
-from training.services import alarms, jobs, logs, restarts
+from training.services import alarms, jobs, logs, restarts, stops
 from training.services.jobs import InvalidTransition, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
@@ -348,6 +348,13 @@ def complete(*, job: TrainingJob, ok: bool, error_code: str | None, message: str
             if job.status in TERMINAL:
                 return job
             raise
+    stop_code = TrainingJob.objects.filter(pk=job.pk).values_list("stop_code", flat=True).first()
+    if error_code == stops.PAUSED and stop_code == stops.PAUSED:
+        try:  # the customer's pause, as asked: no fault of anyone's
+            return stops.end_paused(job_id=job.pk)
+        except InvalidTransition:
+            job.refresh_from_db()
+            return job
     if error_code not in errors.WORKER_CODES:
         raise VeriError(
             f"Unknown error code {error_code!r}; a worker reports one of: "

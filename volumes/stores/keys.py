@@ -141,6 +141,11 @@ def dataset_prefix(workspace_id: str, dataset_id: str) -> Prefix:
     return Prefix(f"{workspace_prefix(workspace_id).value}datasets/{_id(dataset_id)}/")
 
 
+def file_prefix(workspace_id: str, file_id: str) -> Prefix:
+    """An uploaded file kept as bytes (OpenAI files whose purpose does not train)."""
+    return Prefix(f"{workspace_prefix(workspace_id).value}files/{_id(file_id)}/")
+
+
 def checkpoint_prefix(job: Prefix, *, step: int, final: bool) -> Prefix:
     """Where the worker puts a checkpoint's files: `final/` or `checkpoints/step-00000040/`."""
     if final:

@@ -1,0 +1,66 @@
+from django.db.models import QuerySet
+
+from openai_api.models import File, FineTuningJob
+from openai_api.objects import FINE_TUNED_RE
+from training.models import Checkpoint, MetricPoint, TrainingJob
+from veri.errors import NotFound
+from veri.models import Workspace
+
+
+def list_files(*, workspace: Workspace, purpose: str | None = None) -> QuerySet[File]:
+    files = File.objects.filter(workspace=workspace).select_related("workspace", "dataset")
+    return files.filter(purpose=purpose) if purpose else files
+
+
+def get_file(*, workspace: Workspace, file_id: str) -> File:
+    found = list_files(workspace=workspace).filter(public_id=file_id).first()
+    if found is None:
+        raise NotFound(f"No such file: {file_id[:60]}", field="file_id")
+    return found
+
+
+def list_jobs(*, workspace: Workspace, metadata: dict[str, str]) -> QuerySet[FineTuningJob]:
+    jobs = FineTuningJob.objects.filter(workspace=workspace).select_related(
+        "job", "workspace", "result_file"
+    )
+    for key, value in metadata.items():
+        jobs = jobs.filter(**{f"metadata__{key}": value})
+    return jobs
+
+
+def runs(*, ft: FineTuningJob) -> list[TrainingJob]:
+    """The Veri jobs the fine-tuning job ran, oldest first (more than one after a resume)."""
+    return [*ft.earlier_jobs.order_by("pk"), ft.job]
+
+
+def checkpoints(*, ft: FineTuningJob) -> list[tuple[Checkpoint, dict]]:
+    """Its saved checkpoints (the final model is `fine_tuned_model`), newest first, each with
+    the metrics logged at its step."""
+    jobs = runs(ft=ft)
+    found = list(
+        Checkpoint.objects.filter(job__in=jobs, final=False)
+        .select_related("job")
+        .order_by("-step", "-pk")
+    )
+    points = {
+        (p.job_id, p.step): p.values
+        for p in MetricPoint.objects.filter(job__in=jobs, step__in=[c.step for c in found])
+    }
+    return [(c, points.get((c.job_id, c.step), {})) for c in found]
+
+
+def succeeded_jobs(*, workspace: Workspace) -> QuerySet[FineTuningJob]:
+    return FineTuningJob.objects.filter(
+        workspace=workspace, job__status="completed", model_deleted=False, paused=False
+    ).select_related("job", "workspace")
+
+
+def get_fine_tuned(*, workspace: Workspace, model: str) -> FineTuningJob:
+    """The fine-tuning job behind an `ft:…` model name of this workspace."""
+    match = FINE_TUNED_RE.fullmatch(model)
+    found = None
+    if match and not match["step"]:
+        found = succeeded_jobs(workspace=workspace).filter(public_id=f"ftjob-{match['id']}").first()
+    if found is None:
+        raise NotFound(f"The model `{model[:200]}` does not exist.", field="model")
+    return found
