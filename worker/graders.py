@@ -301,7 +301,7 @@ def check_grader(grader: dict, *, at: str = "grader") -> None:
         )
     if kind in ("score_model", "label_model"):
         raise GraderError(
-            f"{kind} graders need a judge model; not available on this deployment until "
+            f"A {kind} grader needs a judge model; not available on this deployment until "
             "serving is configured.",
             param=f"{at}.type",
         )
