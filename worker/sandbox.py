@@ -128,9 +128,16 @@ def _inside(path: Path, folders: list[Path]) -> bool:
 
 
 def bwrap_command(
-    argv: list[str], *, uid: int, home: Path, readable: list[Path], cuda: bool
+    argv: list[str],
+    *,
+    uid: int,
+    home: Path,
+    readable: list[Path],
+    cuda: bool,
+    network: bool = True,
 ) -> list[str]:
-    """`argv` in the sandbox as `uid`, with `readable` folders read-only and `home` writable."""
+    """`argv` in the sandbox as `uid`, with `readable` folders read-only and `home` writable;
+    without `network`, in its own network namespace (loopback only)."""
     shared = [Path(p) for p in SYSTEM_DIRS if os.path.isdir(p)]
     python = [Path(sys.base_prefix), Path(sys.prefix), *_packages()]
     read_only = sorted(
@@ -138,6 +145,7 @@ def bwrap_command(
         key=lambda p: len(p.parts),
     )
     command = ["bwrap", "--die-with-parent", "--unshare-pid", "--new-session"]
+    command += [] if network else ["--unshare-net"]
     for path in shared:
         command += ["--ro-bind", str(path), str(path)]
     command += ["--ro-bind-try", "/sys", "/sys", "--proc", "/proc"]
