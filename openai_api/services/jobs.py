@@ -442,9 +442,7 @@ def job_ended(job: TrainingJob) -> None:
 
 
 def run_grader(*, grader: dict, model_sample: str, item: dict) -> dict:
-    """Score one sample as training would: a python grader in the worker's sandbox (customer
-    code never runs in the API process), every other grader here."""
-    sample = graders.sample_for(model_sample)
-    if graders.runs_customer_code(grader):
-        return graders.run_isolated(grader, sample=sample, item=item)
-    return graders.run_response(grader, sample=sample, item=item)
+    """Score one sample as training would (`worker.graders.score`): a grader holding python
+    code in a sandboxed child process (customer code never runs in the API process), every
+    other grader here."""
+    return graders.run_response(grader, graders.sample_for(model_sample), item)
