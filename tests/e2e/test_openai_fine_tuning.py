@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import openai
 import pytest
 
+from tests.conftest import REPO, fill_volume, run_python
 from tests.e2e.test_training import (  # noqa: F401 - platform is a fixture
     FAST_LORA,
     TINY,
@@ -277,3 +278,23 @@ def test_pause_resume_and_cancel(
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=50)]
     assert "The job was paused; resume it to continue from its newest checkpoint" in messages
     assert messages[0] == "The job was cancelled"
+
+
+def test_the_migration_example_runs_as_written(
+    platform,  # noqa: F811
+    live_server,
+    api_client,
+    workspace,
+    tiny_model,
+):
+    platform()
+    fill_volume(
+        workspace,
+        "demo-data",
+        {f"models/tiny-qwen2/{p.name}": p.read_bytes() for p in tiny_model.iterdir()},
+    )
+    env = {"VERI_API_URL": live_server.url, "VERI_API_KEY": api_client.raw_key}
+    result = run_python(str(REPO / "examples" / "openai_migration.py"), env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "  The job has successfully completed" in result.stdout
+    assert "fine-tuned model: ft:volume/demo-data/models/tiny-qwen2:acme:adder:" in result.stdout
