@@ -266,6 +266,13 @@ def _submission(
 def create_job(*, workspace: Workspace, body: dict) -> FineTuningJob:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise VeriError("model is required: a Hugging Face repo id or volume://…", field="model")
+    if body["model"].startswith("ft:"):
+        raise VeriError(
+            "Fine-tuning a fine-tuned model is not supported yet: resume its job, or submit a "
+            "Veri job with resume_from one of its checkpoints.",
+            field="model",
+            code="model_not_trainable",
+        )
     kind, hyperparameters, method, warnings = _method(body)
     suffix = body.get("suffix")
     if suffix is not None and (not isinstance(suffix, str) or not SUFFIX_RE.fullmatch(suffix)):

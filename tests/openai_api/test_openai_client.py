@@ -2,6 +2,7 @@
 files, job creation and its refusals, listing with the client's auto-pagination, workspace
 scoping, errors in OpenAI's shape, graders. (Jobs that train: tests/e2e/test_openai_fine_tuning.)"""
 
+import httpx
 import openai
 import pytest
 
@@ -166,3 +167,67 @@ def test_graders_validate_and_run_score_a_sample(client, workspace):
         client.fine_tuning.alpha.graders.run(grader=python, model_sample="abcde", item={}).reward
         == 0.5
     )
+
+
+ODD_VALUES = [None, 0, -1, 2**70, 1.5, "", "x" * 5000, [], [1], {}, {"a": {"b": []}}, True]
+
+
+def test_odd_bodies_are_refused_in_openai_shape_never_a_500(
+    live_server, api_client, funded, models_volume
+):
+    """Every field of a job create, and of the graders' calls, with values of every wrong type."""
+    client = openai_client(live_server, api_client.raw_key)
+    chat = client.files.create(file=("chat.jsonl", jsonl(CHAT_ROWS)), purpose="fine-tune")
+    good = {"model": TINY, "training_file": chat.id}
+    fields = [
+        "model",
+        "training_file",
+        "validation_file",
+        "method",
+        "hyperparameters",
+        "suffix",
+        "seed",
+        "metadata",
+        "integrations",
+        "veri",
+    ]
+    http = httpx.Client(
+        base_url=f"{live_server.url}/v1",
+        headers={"Authorization": f"Bearer {api_client.raw_key}"},
+    )
+    bodies = [
+        ("/fine_tuning/jobs", good | {name: value}) for name in fields for value in ODD_VALUES
+    ]
+    bodies += [
+        ("/fine_tuning/jobs", good | {"method": {"type": "supervised", "supervised": value}})
+        for value in ODD_VALUES
+    ]
+    bodies += [
+        (
+            "/fine_tuning/jobs",
+            good | {"method": {"type": "dpo", "dpo": {"hyperparameters": {k: v}}}},
+        )
+        for k in ("n_epochs", "beta", "batch_size", "learning_rate_multiplier", "nope")
+        for v in ODD_VALUES
+    ]
+    bodies += [
+        ("/fine_tuning/alpha/graders/run", {"grader": v, "model_sample": "x"}) for v in ODD_VALUES
+    ]
+    bodies += [
+        ("/fine_tuning/alpha/graders/run", {"grader": {"type": "string_check"}, "item": v})
+        for v in ODD_VALUES
+    ]
+    for path, body in bodies:
+        response = http.post(path, json=body)
+        assert response.status_code < 500, (path, body, response.text[:500])
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}, body
+    for raw in (b"{", b"[]", b"null", "\ud800".encode("utf-8", "surrogatepass")):
+        response = http.post(
+            "/fine_tuning/jobs", content=raw, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, (raw, response.text[:300])
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    for path in ("/fine_tuning/jobs?limit=0", "/fine_tuning/jobs?after=nope", "/files?order=up"):
+        response = http.get(path)
+        assert response.status_code == 400 and response.json()["error"]["param"], path
