@@ -4,13 +4,18 @@ runner in its spec and goes from there to `wandb.init`'s settings only: never in
 (the training's environment is allow-listed anyway, see worker.sandbox), never into the job file
 the training reads, never into a log line, never into the machine's ~/.netrc (`wandb.login`
 would write it there, so it is not called). W&B's files go to the work folder's `wandb/`, which
-only the runner can read. W&B is the customer's convenience, not the job: any failure of it is
-one log line, and training goes on."""
+only the runner can read. W&B is the customer's convenience, not the job: every call to it runs
+in a thread of its own (an unreachable W&B takes a minute and a half to give up), and any
+failure of it is one log line; training goes on."""
 
+import queue
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 KEY = "WANDB_API_KEY"
+# How long the end of a job waits for W&B to take its last rows: the machine costs money.
+FINISH_WAIT_SECONDS = 60
 
 
 def wandb_settings(spec: dict) -> dict | None:
@@ -22,22 +27,62 @@ def wandb_settings(spec: dict) -> dict | None:
 
 
 class WandbRun:
-    def __init__(self, run, say: Callable[[str], None], key: str | None):
-        self.run, self.say, self.key = run, say, key
+    def __init__(self, spec: dict, *, key: str | None, work: Path, say: Callable[[str], None]):
+        self.spec, self.key, self.folder, self.say = spec, key, work / "wandb", say
+        self.rows: queue.SimpleQueue = queue.SimpleQueue()  # (step, values); None: the end
+        self.exit_code = 1
+        self.thread = threading.Thread(target=self._serve, name="wandb", daemon=True)
 
     @classmethod
     def start(
         cls, spec: dict, *, key: str | None, work: Path, say: Callable[[str], None]
     ) -> "WandbRun | None":
-        """The job's W&B run, started; None when the job has none or W&B could not start."""
-        wanted = wandb_settings(spec)
-        if wanted is None:
+        """The job's W&B run, starting in its thread; None when the job has no W&B integration."""
+        if wandb_settings(spec) is None:
             return None
+        run = cls(spec, key=key, work=work, say=say)
+        run.thread.start()
+        return run
+
+    def log(self, step: int, values: dict) -> None:
+        numbers = {
+            k: v
+            for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        if numbers:
+            self.rows.put((step, numbers))
+
+    def finish(self, *, ok: bool) -> None:
+        """End the run (exit code 0 or 1), waiting a while for W&B to take the last rows."""
+        if not self.thread.is_alive():
+            return
+        self.exit_code = 0 if ok else 1
+        self.rows.put(None)
+        self.thread.join(FINISH_WAIT_SECONDS)
+        if self.thread.is_alive():
+            self.say(f"[veri] W&B: still busy after {FINISH_WAIT_SECONDS} s; not waiting longer")
+
+    def _serve(self) -> None:
+        run = self._init()
+        while (row := self.rows.get()) is not None:
+            if run is None:
+                continue
+            try:
+                run.log(row[1], step=row[0])
+            except Exception as exc:  # noqa: BLE001 - W&B failing never fails the job
+                self.say(f"[veri] W&B: stopped logging at step {row[0]}: {self._scrub(exc)}")
+                self._end(run, exit_code=1)
+                run = None
+        if run is not None:
+            self._end(run, exit_code=self.exit_code)
+
+    def _init(self):
+        wanted, spec = wandb_settings(self.spec), self.spec
         mode = spec.get("wandb_mode") or "online"
-        folder = work / "wandb"
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            folder.chmod(0o700)  # the runner's: the training's user cannot read it
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.chmod(0o700)  # the runner's: the training's user cannot read it
             import wandb  # noqa: PLC0415 - only jobs with the integration need it installed
 
             run = wandb.init(
@@ -53,11 +98,11 @@ class WandbRun:
                     "lora": spec.get("lora"),
                     **(spec.get("hyperparameters") or {}),
                 },
-                dir=str(folder),
+                dir=str(self.folder),
                 mode=mode,
                 reinit="create_new",
                 settings=wandb.Settings(
-                    api_key=key if mode == "online" else None,
+                    api_key=self.key if mode == "online" else None,
                     silent=True,
                     console="off",  # the job's log is Veri's; W&B gets metrics only
                     save_code=False,
@@ -67,41 +112,18 @@ class WandbRun:
                 ),
             )
         except Exception as exc:  # noqa: BLE001 - an import error, the network, a refused key
-            say(f"[veri] W&B: not logging this job: {_scrub(exc, key)}")
+            self.say(f"[veri] W&B: not logging this job: {self._scrub(exc)}")
             return None
-        say(f"[veri] W&B: logging metrics to {run.project} ({mode})")
-        return cls(run, say, key)
+        self.say(f"[veri] W&B: logging metrics to {run.project} ({mode})")
+        return run
 
-    def log(self, step: int, values: dict) -> None:
-        if self.run is None:
-            return
-        numbers = {
-            k: v
-            for k, v in values.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        if not numbers:
-            return
-        try:
-            self.run.log(numbers, step=step)
-        except Exception as exc:  # noqa: BLE001 - W&B failing never fails the job
-            self.say(f"[veri] W&B: stopped logging at step {step}: {_scrub(exc, self.key)}")
-            self._finish(exit_code=1)
-
-    def finish(self, *, ok: bool) -> None:
-        self._finish(exit_code=0 if ok else 1)
-
-    def _finish(self, *, exit_code: int) -> None:
-        run, self.run = self.run, None
-        if run is None:
-            return
+    def _end(self, run, *, exit_code: int) -> None:
         try:
             run.finish(exit_code=exit_code)
         except Exception as exc:  # noqa: BLE001
-            self.say(f"[veri] W&B: the run did not finish cleanly: {_scrub(exc, self.key)}")
+            self.say(f"[veri] W&B: the run did not finish cleanly: {self._scrub(exc)}")
 
-
-def _scrub(exc: Exception, key: str | None) -> str:
-    """The error, one line, without the key should an error message quote it."""
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
-    return text.replace(key, "***") if key else text
+    def _scrub(self, exc: Exception) -> str:
+        """The error, on one line, without the key should an error message quote it."""
+        text = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+        return text.replace(self.key, "***") if self.key else text
