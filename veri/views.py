@@ -1,6 +1,6 @@
 """`/v1/secrets`: a workspace's secrets, set and deleted by name; values go in, never out."""
 
-from drf_spectacular.utils import OpenApiExample, extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,7 +17,10 @@ class SecretOut(serializers.ModelSerializer):
 
 
 class SecretsView(WorkspaceView):
-    @extend_schema(responses={200: SecretOut(many=True)}, operation_id="secrets_list")
+    @extend_schema(
+        responses={200: inline_serializer("SecretList", {"data": SecretOut(many=True)})},
+        operation_id="secrets_list",
+    )
     def get(self, request: Request) -> Response:
         secrets = selectors.list_secrets(workspace=self.workspace).order_by("name")
         return Response({"data": SecretOut(secrets, many=True).data})
