@@ -5,7 +5,7 @@ import pytest
 
 from tests.conftest import assert_error
 from tests.training.conftest import job_body, worker_client
-from training.models import TrainingJob
+from training.models import Checkpoint, TrainingJob
 from veri import services as veri_services
 
 pytestmark = pytest.mark.django_db
@@ -101,3 +101,16 @@ def test_malformed_integrations_are_refused_naming_the_field(
     assert_error(
         post(api_client, dataset, integrations=integrations), 400, "invalid_request", field
     )
+
+
+def test_a_resumed_job_keeps_reporting_to_wandb(api_client, dataset, cloud, settings):
+    settings.VERI_WANDB_MODE = "offline"
+    job = TrainingJob.objects.get(
+        public_id=post(api_client, dataset, integrations=WANDB).json()["id"]
+    )
+    Checkpoint.objects.create(
+        workspace=job.workspace, job=job, step=2, files=[{"path": "a.bin", "size": 1}]
+    )
+    resumed = api_client.post(f"/v1/training_jobs/{job.public_id}/resume", {}, format="json")
+    assert resumed.status_code == 201, resumed.json()
+    assert resumed.json()["integrations"] == job.integrations != []
