@@ -16,6 +16,8 @@ from pathlib import Path
 KEY = "WANDB_API_KEY"
 # How long the end of a job waits for W&B to take its last rows: the machine costs money.
 FINISH_WAIT_SECONDS = 60
+# Rows waiting for a slow W&B, at most: the training decides how many it reports.
+MAX_WAITING_ROWS = 10_000
 
 
 def wandb_settings(spec: dict) -> dict | None:
@@ -29,7 +31,8 @@ def wandb_settings(spec: dict) -> dict | None:
 class WandbRun:
     def __init__(self, spec: dict, *, key: str | None, work: Path, say: Callable[[str], None]):
         self.spec, self.key, self.folder, self.say = spec, key, work / "wandb", say
-        self.rows: queue.SimpleQueue = queue.SimpleQueue()  # (step, values); None: the end
+        self.rows: queue.Queue = queue.Queue(maxsize=MAX_WAITING_ROWS)  # (step, values)
+        self.ending, self.dropping = threading.Event(), False
         self.exit_code = 1
         self.thread = threading.Thread(target=self._serve, name="wandb", daemon=True)
 
@@ -50,28 +53,40 @@ class WandbRun:
             for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        if numbers:
-            self.rows.put((step, numbers))
+        if not numbers:
+            return
+        try:
+            self.rows.put_nowait((step, numbers))
+        except queue.Full:
+            if not self.dropping:
+                self.dropping = True
+                self.say(f"[veri] W&B: {MAX_WAITING_ROWS} rows wait for W&B; dropping rows")
 
     def finish(self, *, ok: bool) -> None:
         """End the run (exit code 0 or 1), waiting a while for W&B to take the last rows."""
         if not self.thread.is_alive():
             return
         self.exit_code = 0 if ok else 1
-        self.rows.put(None)
+        self.ending.set()
         self.thread.join(FINISH_WAIT_SECONDS)
         if self.thread.is_alive():
             self.say(f"[veri] W&B: still busy after {FINISH_WAIT_SECONDS} s; not waiting longer")
 
     def _serve(self) -> None:
         run = self._init()
-        while (row := self.rows.get()) is not None:
+        while True:
+            try:
+                step, values = self.rows.get(timeout=0.2)
+            except queue.Empty:
+                if self.ending.is_set():  # and every row before the end is logged
+                    break
+                continue
             if run is None:
                 continue
             try:
-                run.log(row[1], step=row[0])
+                run.log(values, step=step)
             except Exception as exc:  # noqa: BLE001 - W&B failing never fails the job
-                self.say(f"[veri] W&B: stopped logging at step {row[0]}: {self._scrub(exc)}")
+                self.say(f"[veri] W&B: stopped logging at step {step}: {self._scrub(exc)}")
                 self._end(run, exit_code=1)
                 run = None
         if run is not None:

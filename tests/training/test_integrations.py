@@ -114,3 +114,17 @@ def test_a_resumed_job_keeps_reporting_to_wandb(api_client, dataset, cloud, sett
     resumed = api_client.post(f"/v1/training_jobs/{job.public_id}/resume", {}, format="json")
     assert resumed.status_code == 201, resumed.json()
     assert resumed.json()["integrations"] == job.integrations != []
+
+
+def test_a_key_sealed_under_an_old_secret_key_leaves_the_spec_whole(
+    api_client, dataset, cloud, settings, workspace
+):
+    settings.VERI_WANDB_MODE = "online"
+    veri_services.set_secret(workspace=workspace, name="WANDB_API_KEY", value=KEY)
+    job = TrainingJob.objects.get(
+        public_id=post(api_client, dataset, integrations=WANDB).json()["id"]
+    )
+    client = worker_client(job)
+    settings.SECRET_KEY = "rotated-" + settings.SECRET_KEY
+    answer = client.get(f"/v1/worker/jobs/{job.public_id}/spec")
+    assert answer.status_code == 200 and answer.json()["secrets"] == {}
