@@ -265,6 +265,12 @@ VERI_IDEMPOTENCY_KEEP_SECONDS = env.int("VERI_IDEMPOTENCY_KEEP_SECONDS", default
 # Training and providers
 # What workers call back.
 VERI_PUBLIC_URL = env.str("VERI_PUBLIC_URL", default="http://127.0.0.1:8000")
+# How workers log a job's W&B integration: "online" (to W&B, with the workspace's WANDB_API_KEY
+# secret) or "offline" (files under the job's work folder only; no key needed: tests, and a
+# deployment that cannot reach W&B).
+VERI_WANDB_MODE = env.str("VERI_WANDB_MODE", default="online")
+if VERI_WANDB_MODE not in ("online", "offline"):
+    raise ImproperlyConfigured("VERI_WANDB_MODE is online or offline.")
 VERI_DATASET_MAX_BYTES = env.int("VERI_DATASET_MAX_BYTES", default=100 * 1024**2)
 # The OpenAI-compatible face: the base models `GET /v1/models` lists as trainable here, and the
 # GPU a fine-tuning job gets unless it asks (`extra_body={"veri": {"gpu_type": ...}}`).

@@ -1,4 +1,5 @@
-"""Dashboard pages of the workspace itself: billing, API keys, and switching workspaces."""
+"""Dashboard pages of the workspace itself: billing, API keys, secrets, and switching
+workspaces."""
 
 from django.contrib import messages
 from django.core.paginator import Paginator
@@ -11,7 +12,7 @@ from billing import selectors as billing_selectors
 from billing import services as billing
 from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
-from dashboard.forms import ApiKeyForm, TopUpForm
+from dashboard.forms import ApiKeyForm, SecretForm, TopUpForm
 from dashboard.workspaces import or_404, workspace_view
 from veri import selectors, services
 from veri.errors import VeriError
@@ -92,6 +93,33 @@ def api_key_revoke(request, prefix: str):
         request, f"Revoked the key {key.prefix}{f' ({key.name})' if key.name else ''}."
     )
     return redirect("dashboard:keys")
+
+
+@workspace_view
+def secrets_page(request):
+    """Set (create or replace) a secret; the list shows names and times, never a value."""
+    form = SecretForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        name = form.cleaned_data["name"]
+        try:
+            services.set_secret(
+                workspace=request.workspace, name=name, value=form.cleaned_data["value"]
+            )
+        except VeriError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"Set the secret {name}.")
+            return redirect("dashboard:secrets")
+    secrets = selectors.list_secrets(workspace=request.workspace).order_by("name")
+    return render(request, "dashboard/secrets.html", {"secrets": secrets, "form": form})
+
+
+@require_POST
+@workspace_view
+def secret_delete(request, name: str):
+    or_404(services.delete_secret, workspace=request.workspace, name=name)
+    messages.success(request, f"Deleted the secret {name}.")
+    return redirect("dashboard:secrets")
 
 
 @require_POST

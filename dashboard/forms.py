@@ -104,5 +104,11 @@ class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
 
 
+class SecretForm(forms.Form):
+    name = forms.CharField(max_length=64, help_text="e.g. WANDB_API_KEY")
+    # Never rendered back with its value: a failed form shows an empty field.
+    value = forms.CharField(widget=forms.PasswordInput(render_value=False), strip=False)
+
+
 class TopUpForm(forms.Form):
     amount_usd = forms.DecimalField(min_value=5, max_value=10_000, decimal_places=2)

@@ -28,5 +28,7 @@ urlpatterns = [
     path("billing/", account.billing_page, name="billing"),
     path("keys/", account.api_keys, name="keys"),
     path("keys/<str:prefix>/revoke/", account.api_key_revoke, name="key_revoke"),
+    path("secrets/", account.secrets_page, name="secrets"),
+    path("secrets/<str:name>/delete/", account.secret_delete, name="secret_delete"),
     path("workspace/", account.switch_workspace, name="switch"),
 ]

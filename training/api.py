@@ -123,6 +123,7 @@ class JobOut(serializers.ModelSerializer):
             "max_cost_usd",
             "auto_resume",
             "max_restarts",
+            "integrations",
             "attempt",
             "restarts",
             "inputs_digest",
@@ -350,6 +351,11 @@ class SubmitIn(serializers.Serializer):
     )
     auto_resume = serializers.BooleanField(required=False)
     max_restarts = serializers.IntegerField(required=False)
+    integrations = serializers.JSONField(
+        required=False,
+        help_text='[{"type": "wandb", "wandb": {"project", "name", "entity", "tags"}}]: the '
+        "job's metrics logged to W&B with the workspace's WANDB_API_KEY secret",
+    )
 
 
 class TrainingJobsView(WorkspaceView):

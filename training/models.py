@@ -65,6 +65,8 @@ class TrainingJob(models.Model):
     hyperparameters = models.JSONField(default=dict, blank=True)
     lora = models.JSONField(default=dict, blank=True)
     volumes = models.JSONField(default=list, blank=True)  # [{"id", "name"}]
+    # [{"type": "wandb", "wandb": {project, name, entity, tags}}] (training.services.integrations)
+    integrations = models.JSONField(default=list, blank=True)
     resume_from = models.ForeignKey(
         "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="resumed_by"
     )

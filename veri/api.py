@@ -4,12 +4,8 @@ import base64
 import binascii
 import hashlib
 import json
-import secrets
 from datetime import datetime
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from django.conf import settings
 from django.core.exceptions import EmptyResultSet
 from django.db import transaction
 from django.db.models import DateTimeField, QuerySet
@@ -19,13 +15,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from veri import idempotency
+from veri import idempotency, sealing
 from veri.errors import VeriError
 from veri.models import ApiKey, Workspace
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 200
 MAX_CURSOR_CHARS = 1000
-NONCE_BYTES = 12
 
 
 def list_schema(
@@ -178,10 +173,6 @@ class WorkspaceView(ValidatingView):
         return idempotency.fingerprint(self.request.path, body)
 
 
-def _cursor_cipher() -> AESGCM:
-    return AESGCM(hashlib.sha256(b"veri-cursor-aead" + settings.SECRET_KEY.encode()).digest())
-
-
 def _cursor_list(queryset: QuerySet, name: str) -> str:
     """Which list a cursor belongs to: its rows' model and order, and the list's own filter (the
     workspace, the volume or job it lists): a position means nothing in another list."""
@@ -199,19 +190,13 @@ def _encode_cursor(list_name: str, value) -> str:
     refused)."""
     if isinstance(value, datetime):
         value = value.isoformat()
-    plain, nonce = json.dumps([list_name, value]).encode(), secrets.token_bytes(NONCE_BYTES)
-    sealed = nonce + _cursor_cipher().encrypt(nonce, plain, None)
+    sealed = sealing.seal(json.dumps([list_name, value]).encode(), purpose="cursor")
     return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
 
 
 def _open_cursor(cursor: str) -> bytes:
     raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    if len(raw) <= NONCE_BYTES + 16:  # a nonce, at least one byte, AES-GCM's 16-byte tag
-        raise ValueError("not a cursor we gave out")
-    try:
-        return _cursor_cipher().decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], None)
-    except InvalidTag:
-        raise ValueError("not a cursor we gave out") from None
+    return sealing.unseal(raw, purpose="cursor")
 
 
 def _decode_cursor(cursor: str, list_name: str, field) -> object:

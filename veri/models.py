@@ -95,3 +95,31 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class WorkspaceSecret(models.Model):
+    """A value a workspace gives the platform to use on its behalf (a W&B key), sealed with
+    AES-GCM (veri.sealing) and bound to its workspace and name: read back by the platform only,
+    never shown again."""
+
+    NAME_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
+    SEALING_PURPOSE = "workspace-secret"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=64)
+    sealed_value = models.BinaryField(editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="one_secret_per_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def sealing_context(self) -> bytes:
+        """What the sealed value is bound to: copied to another row, it no longer opens."""
+        return f"{self.workspace_id}:{self.name}".encode()

@@ -1,5 +1,6 @@
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import timedelta
 
@@ -11,10 +12,12 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from veri.errors import Conflict, VeriError
-from veri.models import ApiKey, Membership, Workspace
+from veri import sealing
+from veri.errors import Conflict, NotFound, VeriError
+from veri.models import ApiKey, Membership, Workspace, WorkspaceSecret
 
 KEY_PREFIX = "veri_sk_"
+MAX_SECRET_CHARS = 4096
 # last_used_at is informational: writing it on every request would turn reads into writes.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -113,3 +116,38 @@ def deployment_id() -> str:
     return hmac.new(settings.SECRET_KEY.encode(), b"veri-deployment", hashlib.sha256).hexdigest()[
         :16
     ]
+
+
+def check_secret_name(name: str) -> None:
+    if not isinstance(name, str) or not re.fullmatch(WorkspaceSecret.NAME_PATTERN, name):
+        raise VeriError(
+            "A secret's name is 1 to 64 upper-case letters, digits and underscores, starting "
+            "with a letter (e.g. WANDB_API_KEY).",
+            field="name",
+            code="invalid_secret_name",
+        )
+
+
+@transaction.atomic
+def set_secret(*, workspace: Workspace, name: str, value: str) -> tuple[WorkspaceSecret, bool]:
+    """Create or replace the workspace's secret `name`; True when it is new. The value is
+    sealed before it is written and never returned."""
+    check_secret_name(name)
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_SECRET_CHARS or "\x00" in value:
+        raise VeriError(
+            f"A secret's value is 1 to {MAX_SECRET_CHARS} characters, without NUL.",
+            field="value",
+        )
+    unsaved = WorkspaceSecret(workspace=workspace, name=name)
+    sealed = sealing.seal(
+        value.encode(), purpose=WorkspaceSecret.SEALING_PURPOSE, context=unsaved.sealing_context
+    )
+    return WorkspaceSecret.objects.update_or_create(
+        workspace=workspace, name=name, defaults={"sealed_value": sealed}
+    )
+
+
+def delete_secret(*, workspace: Workspace, name: str) -> None:
+    deleted, _ = WorkspaceSecret.objects.filter(workspace=workspace, name=name).delete()
+    if not deleted:
+        raise NotFound(f"No secret {name!r} in this workspace.")

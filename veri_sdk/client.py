@@ -2,6 +2,7 @@ from veri_sdk.billing import Billing
 from veri_sdk.catalog import Gpus, Regions
 from veri_sdk.config import resolve
 from veri_sdk.http import ApiTransport, StorageTransport
+from veri_sdk.secrets import Secrets
 from veri_sdk.training import Datasets, TrainingJobs
 from veri_sdk.volumes import Volumes
 
@@ -27,3 +28,4 @@ class Client:
         self.billing = Billing(self.api)
         self.regions = Regions(self.api)
         self.gpus = Gpus(self.api)
+        self.secrets = Secrets(self.api)

@@ -29,6 +29,8 @@ from worker.client import ControlPlane, ControlPlaneError, Shipper
 from worker.errors import TRAINING_CODES, JobFailure
 from worker.preemption import Notice, PreemptionWatch, notice_source
 from worker.volumes import mount_volumes
+from worker.wandb_report import KEY as WANDB_KEY
+from worker.wandb_report import WandbRun
 
 # How long a paused training waits past the provider's termination time (or past the notice,
 # when the provider gave no time) before deciding the machine stays after all.
@@ -184,6 +186,7 @@ class Runner:
         # has begun on every rank) and stop once training is over: their default action kills.
         self.child_signals, self.signals_waiting = "not yet", []  # → "listening" → "over"
         self.signals_lock = threading.Lock()
+        self.wandb: WandbRun | None = None
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -194,6 +197,8 @@ class Runner:
         try:
             self.api.call("POST", "/register", json=registration())
             spec = self.api.call("GET", "/spec")
+            # The runner's alone: out of the spec before it becomes the training's job file.
+            secrets = spec.pop("secrets", None) or {}
             self.shipper = Shipper(
                 self.api,
                 heartbeat_interval=spec["heartbeat_interval_seconds"],
@@ -207,6 +212,9 @@ class Runner:
             )  # for nodes that misreport disk
             mounts = mount_volumes(self.api, self.mount_root, self.say, int(free) if free else None)
             job = self.prepare(spec, mounts)
+            self.wandb = WandbRun.start(
+                spec, key=secrets.get(WANDB_KEY), work=self.work, say=self.say
+            )
             self.train(job)
             self.upload_final(job)
             self.finish(ok=True)
@@ -216,6 +224,7 @@ class Runner:
             self.finish(ok=False, code=failure.code, message=failure.message)
         except ControlPlaneError as exc:
             print(f"[veri] the control plane refused or could not be reached: {exc}", flush=True)
+            self.end_wandb(ok=False)
         except Exception as exc:  # noqa: BLE001 - a crash in the worker itself is still reported
             self.say(traceback.format_exc())
             self.finish(ok=False, code="training_error", message=f"the worker crashed: {exc!r}")
@@ -297,7 +306,12 @@ class Runner:
             self.paused = False
             self._signal_ranks(signal.SIGCONT)
 
+    def end_wandb(self, *, ok: bool) -> None:
+        if self.wandb:
+            self.wandb.finish(ok=ok)
+
     def finish(self, *, ok: bool, code: str | None = None, message: str = "") -> None:
+        self.end_wandb(ok=ok)
         if self.shipper:
             self.shipper.close()
         body = {"ok": ok} if ok else {"ok": False, "error_code": code, "message": message}
@@ -546,6 +560,8 @@ class Runner:
             self.saving = True
         elif kind == "metrics":
             self.shipper.metrics(event["step"], event["values"])
+            if self.wandb:
+                self.wandb.log(event["step"], event["values"])
             if self.flushed is not None and event["step"] > self.flushed:
                 self._pause_after_flush(self.flushed)
                 self.flushed = None

@@ -120,6 +120,7 @@ class World:
             "upload_id": self.upload_id,
             "dataset_id": self.dataset.public_id,
             "job_id": self.job.public_id,
+            "name": "WANDB_API_KEY",  # a secret's
         }
 
     def authorize(self, case) -> None:

@@ -13,7 +13,7 @@ from providers.models import Instance
 from providers.services import default_provider, get_adapter, is_usable, usable_providers
 from training import errors, hooks, specs
 from training.models import TERMINAL, Checkpoint, Dataset, JobEvent, JobStatus, TrainingJob
-from training.services import logs
+from training.services import integrations, logs
 from veri.errors import Conflict, NotFound, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
@@ -171,6 +171,7 @@ class Submission:
     max_cost_usd: object = None  # a number of dollars, or a decimal string
     auto_resume: bool = True
     max_restarts: int = 3
+    integrations: list[dict] | None = None
 
 
 def _check_method(method: str) -> None:
@@ -370,6 +371,7 @@ class Plan:
     gpu: catalog.GpuType
     checkpoint: Checkpoint | None
     max_cost_micros: int | None
+    integrations: list[dict]
 
     @property
     def price_per_hour_micros(self) -> int:
@@ -410,6 +412,7 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
     provider, region, gpu = _resolve_placement(sub, volumes)
     _check_model_reachable(sub.base_model, provider)
     checkpoint = _resolve_checkpoint(workspace, sub.resume_from, sub.method)
+    checked_integrations = integrations.validate_integrations(sub.integrations, workspace=workspace)
     limits = [
         ("checkpoint_every", sub.checkpoint_every, 1, 1_000_000),
         ("checkpoint_keep", sub.checkpoint_keep, 1, 50),
@@ -431,6 +434,7 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
         gpu=gpu,
         checkpoint=checkpoint,
         max_cost_micros=_max_cost_micros(sub.max_cost_usd),
+        integrations=checked_integrations,
     )
 
 
@@ -466,6 +470,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             max_cost_micros=plan.max_cost_micros,
             auto_resume=sub.auto_resume,
             max_restarts=sub.max_restarts,
+            integrations=plan.integrations,
         )
         # Every run of the job, a restarted one too, syncs the volumes as they are now.
         job.inputs_digest = volume_services.pin_files(holder=job.pin_holder, volumes=plan.volumes)
@@ -559,4 +564,5 @@ def _again(job: TrainingJob, *, checkpoint: Checkpoint | None) -> Submission:
         max_cost_usd=None if job.max_cost_micros is None else Decimal(job.max_cost_micros) / 10**6,
         auto_resume=job.auto_resume,
         max_restarts=job.max_restarts,
+        integrations=job.integrations,
     )

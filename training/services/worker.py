@@ -25,7 +25,7 @@ from training.models import (
     Sample,
     TrainingJob,
 )
-from training.services import alarms, jobs, logs, restarts, stops
+from training.services import alarms, integrations, jobs, logs, restarts, stops
 from training.services.jobs import InvalidTransition, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
@@ -493,6 +493,12 @@ def build_spec(*, job: TrainingJob) -> dict:
         "samples_every": job.samples_every,
         "resume_from": resume,
         "attempt": job.attempt,
+        "integrations": job.integrations,
+        "wandb_mode": settings.VERI_WANDB_MODE,
+        # For the runner alone, which keeps them from the training process (worker.runner).
+        "secrets": integrations.runner_secrets(
+            workspace=job.workspace, integrations=job.integrations
+        ),
         # A restarted job's new run numbers its log lines after the earlier runs' lines.
         "log_seq_start": logs.next_seq(job=job),
     }

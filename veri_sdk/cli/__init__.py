@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-from veri_sdk.cli import jobs, train, volumes
+from veri_sdk.cli import jobs, secrets, train, volumes
 from veri_sdk.cli.output import err
 from veri_sdk.client import Client
 from veri_sdk.errors import AuthenticationError, VeriAPIError
@@ -133,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     gpu_list = _json_flag(gc.add_parser("list", help="the catalog (--provider: available now)"))
     gpu_list.add_argument("--provider")
     gpu_list.set_defaults(run=jobs.cmd_gpu_list)
+
+    sc = commands.add_parser(
+        "secrets", help="values Veri uses for the workspace (WANDB_API_KEY), never shown back"
+    ).add_subparsers(dest="secrets_command", required=True)
+    secret_set = sc.add_parser("set", help="set NAME from a hidden prompt, or from stdin")
+    secret_set.add_argument("name", help="e.g. WANDB_API_KEY")
+    secret_set.set_defaults(run=secrets.cmd_secrets_set)
+    _json_flag(sc.add_parser("list", help="names and times, never values")).set_defaults(
+        run=secrets.cmd_secrets_list
+    )
+    secret_delete = sc.add_parser("delete", help="delete NAME")
+    secret_delete.add_argument("name")
+    secret_delete.set_defaults(run=secrets.cmd_secrets_delete)
 
     billing = _json_flag(commands.add_parser("billing", help="balance and recent entries"))
     billing.add_argument("--limit", type=int, default=20, help="entries to show (default 20)")

@@ -45,6 +45,7 @@ TOML_KEYS: dict[str, tuple[type, ...]] = {
     "heartbeat_timeout_seconds": (int,),
     "max_launch_attempts": (int,),
     "max_cost_usd": (int, float, str),
+    "integrations": (list,),  # [[integrations]] type = "wandb", with [integrations.wandb]
 }
 REQUIRED = ("kind", "base_model", "dataset")
 TYPE_NAMES = {
