@@ -22,6 +22,7 @@ from tests.e2e.test_training import (  # noqa: F401 - platform is a fixture
     platform,
 )
 from tests.openai_api.conftest import PREFERENCE_ROWS, jsonl, openai_client
+from tests.wandb_files import history, offline_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
@@ -96,7 +97,9 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
     tiny_model,
     tmp_path,
     receiver,
+    settings,
 ):
+    settings.VERI_WANDB_MODE = "offline"
     platform(VERI_LOCAL_SLOTS="2")
     endpoint = api_client.post(
         "/v1/webhook_endpoints",
@@ -113,6 +116,7 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
             suffix="fruit",
             seed=3,
             method=SUPERVISED,
+            integrations=[{"type": "wandb", "wandb": {"project": "fruit", "tags": ["sft"]}}],
             extra_body={"veri": FAST},
         )
         for file in (weighted, masked)
@@ -129,6 +133,10 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
     assert messages[-1] == "Fine-tuning job queued" and "Fine-tuning job started" in messages
     metrics = metrics_events(client, job.id)
     assert [m["step"] for m in metrics] == list(range(1, 9))  # 32 rows, batch 8, 2 epochs
+    # W&B (offline here) holds the job's loss series.
+    work = platform.instances / job.model_extra["veri_job_id"] / "work"
+    logged = [row["loss"] for row in history(offline_run(work)) if "loss" in row]
+    assert logged == pytest.approx([m["train_loss"] for m in metrics])
     # The mask: the same rows and seed, one assistant turn weighted 0, train on other tokens.
     masked_metrics = metrics_events(client, done[1].id)
     assert masked_metrics[0]["train_loss"] != pytest.approx(metrics[0]["train_loss"], rel=1e-3)
