@@ -15,6 +15,7 @@ v1 = [
     path("", include("volumes.urls")),
     path("", include("training.urls")),
     path("", include("billing.urls")),
+    path("", include("webhooks.urls")),
     path("regions", RegionsView.as_view()),
     path("gpus", GpusView.as_view()),
     re_path(r"^.*$", errors.not_found),  # unknown /v1 routes answer in the API's error format
