@@ -4,6 +4,7 @@ from veri_sdk.config import resolve
 from veri_sdk.http import ApiTransport, StorageTransport
 from veri_sdk.training import Datasets, TrainingJobs
 from veri_sdk.volumes import Volumes
+from veri_sdk.webhooks import Webhooks
 
 
 class Client:
@@ -27,3 +28,4 @@ class Client:
         self.billing = Billing(self.api)
         self.regions = Regions(self.api)
         self.gpus = Gpus(self.api)
+        self.webhooks = Webhooks(self.api)

@@ -4,7 +4,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.training.conftest import dataset, submit  # noqa: F401 - the training fixtures, shared
+from tests.sdk.conftest import cli  # noqa: F401 - the shared fixtures
+from tests.training.conftest import dataset, submit  # noqa: F401
 
 
 class Receiver:
