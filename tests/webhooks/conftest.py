@@ -4,7 +4,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.sdk.conftest import cli  # noqa: F401 - the shared fixtures
+from tests.dashboard.conftest import browser, owner  # noqa: F401 - the shared fixtures
+from tests.sdk.conftest import cli  # noqa: F401
 from tests.training.conftest import dataset, submit  # noqa: F401
 
 
