@@ -60,8 +60,12 @@ def _refused_address(host: str) -> str | None:
 
 
 def validate_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
         raise BadWebhookUrl("A webhook URL must be an http:// or https:// URL.", field="url")
     if parts.username or parts.password:
         raise BadWebhookUrl("A webhook URL may not carry a user name or password.", field="url")
