@@ -164,11 +164,10 @@ class RotateSecretView(EndpointScopedView):
     def post(self, request: Request, endpoint_id: str) -> Response:
         endpoint = self.endpoint(endpoint_id)
         data = self.validated(self.RotateIn, request.data)
-        secret = services.rotate_secret(
+        endpoint, secret = services.rotate_secret(
             endpoint=endpoint,
             keep_old_for_24_hours=data.get("keep_old_secret_active_for_24_hours", False),
         )
-        endpoint.refresh_from_db()
         return Response(_with_secret(endpoint, secret))
 
 

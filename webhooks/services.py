@@ -125,7 +125,9 @@ def update_endpoint(
 
 
 @transaction.atomic
-def rotate_secret(*, endpoint: WebhookEndpoint, keep_old_for_24_hours: bool = False) -> str:
+def rotate_secret(
+    *, endpoint: WebhookEndpoint, keep_old_for_24_hours: bool = False
+) -> tuple[WebhookEndpoint, str]:
     """A new signing secret, answered once. Kept, the old one signs alongside it for a day, so
     receivers can switch without dropping a delivery."""
     endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
@@ -137,7 +139,7 @@ def rotate_secret(*, endpoint: WebhookEndpoint, keep_old_for_24_hours: bool = Fa
         endpoint.previous_secret_sealed, endpoint.previous_secret_expires_at = "", None
     endpoint.secret_sealed, endpoint.secret_hint = signing.seal(secret), signing.hint(secret)
     endpoint.save()
-    return secret
+    return endpoint, secret
 
 
 def delete_endpoint(*, endpoint: WebhookEndpoint) -> None:
