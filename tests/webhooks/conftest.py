@@ -5,6 +5,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.dashboard.conftest import browser, owner  # noqa: F401 - the shared fixtures
+from tests.e2e.conftest import qcluster  # noqa: F401
 from tests.sdk.conftest import cli  # noqa: F401
 from tests.training.conftest import dataset, submit  # noqa: F401
 
