@@ -61,3 +61,22 @@ def test_another_workspaces_endpoint_is_not_found(browser):
     assert "example.com/theirs" not in browser.get("/webhooks/").content.decode()
     assert WebhookEndpoint.objects.filter(pk=theirs.pk).exists()
     assert not WebhookDelivery.objects.exists()
+
+
+def test_operators_read_the_delivery_log_in_the_admin_without_the_secret(
+    admin_client, workspace, receiver
+):
+    endpoint, secret = services.create_endpoint(workspace=workspace, url=receiver.url)
+    delivery = services.send_test(endpoint=endpoint)
+    tasks.deliver(delivery.pk)
+    pages = [
+        admin_client.get("/admin/webhooks/webhookendpoint/"),
+        admin_client.get(f"/admin/webhooks/webhookendpoint/{endpoint.pk}/change/"),
+        admin_client.get("/admin/webhooks/webhookdelivery/"),
+        admin_client.get(f"/admin/webhooks/webhookdelivery/{delivery.pk}/change/"),
+    ]
+    assert [p.status_code for p in pages] == [200] * 4
+    assert "answered 200" in pages[3].content.decode()
+    for page in pages:
+        assert secret not in page.content.decode()
+        assert endpoint.secret_sealed not in page.content.decode()
