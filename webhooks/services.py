@@ -44,19 +44,20 @@ class BadWebhookUrl(VeriError):
     code = "invalid_webhook_url"
 
 
-def _refused_address(host: str) -> str | None:
-    """Why `host` may not receive deliveries here (loopback, private, link-local, ... when
-    VERI_WEBHOOKS_ALLOW_PRIVATE is off), or None. Every address it resolves to counts."""
-    if settings.VERI_WEBHOOKS_ALLOW_PRIVATE:
-        return None
+def _resolve(host: str) -> tuple[str | None, str]:
+    """(the address of `host` to post to, or None and why not). With VERI_WEBHOOKS_ALLOW_PRIVATE
+    off, every address the name resolves to must be public (not loopback, private, link-local,
+    shared, reserved...). IPv4 first: the one address used must be reachable from here."""
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        return f"{host} does not resolve."
-    for address in addresses:
-        if not ipaddress.ip_address(address.split("%")[0]).is_global:
-            return f"{host} resolves to {address}, which is not a public address."
-    return None
+        return None, f"{host} does not resolve."
+    addresses = sorted({info[4][0] for info in infos}, key=lambda a: (":" in a, a))
+    if not settings.VERI_WEBHOOKS_ALLOW_PRIVATE:
+        for address in addresses:
+            if not ipaddress.ip_address(address.split("%")[0]).is_global:
+                return None, f"{host} resolves to {address}, which is not a public address."
+    return addresses[0], ""
 
 
 def validate_url(url: str) -> str:
@@ -69,8 +70,10 @@ def validate_url(url: str) -> str:
         raise BadWebhookUrl("A webhook URL must be an http:// or https:// URL.", field="url")
     if parts.username or parts.password:
         raise BadWebhookUrl("A webhook URL may not carry a user name or password.", field="url")
-    if why := _refused_address(parts.hostname):
-        raise BadWebhookUrl(f"Deliveries cannot go there: {why}", field="url")
+    if not settings.VERI_WEBHOOKS_ALLOW_PRIVATE:
+        address, why = _resolve(parts.hostname)
+        if address is None:
+            raise BadWebhookUrl(f"Deliveries cannot go there: {why}", field="url")
     return url
 
 
@@ -228,20 +231,36 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str, str]:
     """(status code or None, error, the answer's first characters). Redirects are not followed:
     a 3xx is an answer like any other that is not 2xx."""
     endpoint, now = delivery.endpoint, timezone.now()
-    if why := _refused_address(urlsplit(endpoint.url).hostname or ""):
+    url = urlsplit(endpoint.url)
+    address, why = _resolve(url.hostname or "")
+    if address is None:
         return None, f"Not sent: {why}", ""
+    # Connect to the address just checked, not to what a second lookup answers (a name that
+    # resolves to a public address for the check and a private one for the request); the name
+    # still goes in Host, and in TLS's SNI and certificate check.
+    port = url.port or (443 if url.scheme == "https" else 80)
+    pinned = url._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}")
     headers = signing.signed_headers(
         message_id=delivery.event_id,
         body=delivery.payload,
         at=now,
         secrets_=_signing_secrets(endpoint, now),
     )
-    headers |= {"content-type": "application/json", "user-agent": "Veri-Webhooks/1"}
+    headers |= {
+        "host": url.netloc,
+        "content-type": "application/json",
+        "user-agent": "Veri-Webhooks/1",
+    }
+    timeout = settings.VERI_WEBHOOKS_TIMEOUT_SECONDS
     try:
         with (
-            httpx.Client(timeout=settings.VERI_WEBHOOKS_TIMEOUT_SECONDS, trust_env=False) as client,
+            httpx.Client(timeout=timeout, trust_env=False) as client,
             client.stream(
-                "POST", endpoint.url, content=delivery.payload.encode(), headers=headers
+                "POST",
+                pinned.geturl(),
+                content=delivery.payload.encode(),
+                headers=headers,
+                extensions={"sni_hostname": url.hostname},
             ) as response,
         ):
             excerpt = b""

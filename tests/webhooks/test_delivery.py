@@ -241,3 +241,16 @@ def test_the_secret_is_never_stored_in_clear(api_client, receiver):
     row = WebhookEndpoint.objects.values().get()
     assert not any(secret in str(value) for value in row.values())
     assert not any(secret[len("whsec_") :] in str(value) for value in row.values())
+
+
+def test_a_named_host_is_posted_to_at_the_address_checked_with_its_name_as_host(
+    api_client, workspace, receiver
+):
+    port = receiver.server.server_port
+    endpoint = register(api_client, f"http://localhost:{port}/hooks/veri?team=ml")
+    services.publish(workspace=workspace, event_type="training_job.completed", data={"id": "j"})
+    tasks.deliver(WebhookDelivery.objects.get().pk)
+    [request] = receiver.requests
+    assert request["headers"]["host"] == f"localhost:{port}"
+    assert request["path"] == "/hooks/veri?team=ml"
+    Webhook(endpoint["signing_secret"]).verify(request["body"], request["headers"])
