@@ -2,6 +2,8 @@
 official `openai` client verifies what arrives, a failing endpoint is retried on Standard
 Webhooks' schedule, and every attempt is logged."""
 
+from datetime import timedelta
+
 import openai
 import pytest
 from django.utils import timezone
@@ -81,8 +83,9 @@ def test_a_failing_endpoint_is_retried_on_the_schedule_then_given_up(
         delivery.refresh_from_db()
         if delivery.failed_at:
             break
-        attempted = delivery.attempts.last().started_at
-        waits.append(round((delivery.next_attempt_at - attempted).total_seconds()))
+        attempt = delivery.attempts.last()  # the wait counts from when its answer came
+        answered = attempt.started_at + timedelta(milliseconds=attempt.duration_ms)
+        waits.append(round((delivery.next_attempt_at - answered).total_seconds()))
         tasks.deliver(delivery.pk)  # not due yet: nothing is sent
         assert len(receiver.requests) == delivery.attempt_count
         due_now(delivery)
