@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "billing",
     "providers",
     "openai_api",
+    "webhooks",
     "dashboard",
 ]
 
@@ -388,3 +389,12 @@ VERI_ALARM_COLLAPSED_STEPS = env.int("VERI_ALARM_COLLAPSED_STEPS", default=3)
 # renewed with keeps working for the overlap (requests already on their way), then dies.
 VERI_JOB_TOKEN_TTL_SECONDS = env.int("VERI_JOB_TOKEN_TTL_SECONDS", default=14 * 24 * 3600)
 VERI_JOB_TOKEN_OVERLAP_SECONDS = env.int("VERI_JOB_TOKEN_OVERLAP_SECONDS", default=600)
+
+# Webhooks (webhooks/): endpoints on loopback or private networks receive deliveries only where
+# this is on; it is on unless VERI_PRODUCTION is set, so that one machine can post to itself, and
+# off in production, where such a URL would let a customer reach the control plane's own network.
+VERI_WEBHOOKS_ALLOW_PRIVATE = env.bool(
+    "VERI_WEBHOOKS_ALLOW_PRIVATE", default=not env.bool("VERI_PRODUCTION", default=False)
+)
+# Seconds one delivery attempt may take to connect, send, and read the answer's first bytes.
+VERI_WEBHOOKS_TIMEOUT_SECONDS = env.float("VERI_WEBHOOKS_TIMEOUT_SECONDS", default=10.0)

@@ -17,6 +17,7 @@ v1 = [
     path("", include("billing.urls")),
     path("", include("openai_api.urls")),
     path("", include("veri.urls")),
+    path("", include("webhooks.urls")),
     path("regions", RegionsView.as_view()),
     path("gpus", GpusView.as_view()),
     re_path(r"^.*$", errors.not_found),  # unknown /v1 routes answer in the API's error format

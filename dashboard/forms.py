@@ -112,3 +112,16 @@ class SecretForm(forms.Form):
 
 class TopUpForm(forms.Form):
     amount_usd = forms.DecimalField(min_value=5, max_value=10_000, decimal_places=2)
+
+
+class WebhookEndpointForm(forms.Form):
+    url = forms.CharField(label="URL", max_length=2000, help_text="https://… that accepts a POST")
+    event_types = forms.CharField(
+        required=False,
+        label="Event types",
+        help_text="space or comma separated, e.g. training_job.failed; empty: every event",
+    )
+    description = forms.CharField(required=False, max_length=500)
+
+    def cleaned_event_types(self) -> list[str]:
+        return self.cleaned_data["event_types"].replace(",", " ").split()

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import account, jobs, storage
+from dashboard import account, jobs, storage, webhooks
 
 app_name = "dashboard"
 
@@ -30,5 +30,9 @@ urlpatterns = [
     path("keys/<str:prefix>/revoke/", account.api_key_revoke, name="key_revoke"),
     path("secrets/", account.secrets_page, name="secrets"),
     path("secrets/<str:name>/delete/", account.secret_delete, name="secret_delete"),
+    path("webhooks/", webhooks.webhook_list, name="webhooks"),
+    path("webhooks/<str:endpoint_id>/", webhooks.webhook_detail, name="webhook"),
+    path("webhooks/<str:endpoint_id>/test/", webhooks.webhook_test, name="webhook_test"),
+    path("webhooks/<str:endpoint_id>/delete/", webhooks.webhook_delete, name="webhook_delete"),
     path("workspace/", account.switch_workspace, name="switch"),
 ]

@@ -1,6 +1,7 @@
 """Who may import whom (ARCHITECTURE.md): the import-linter contracts in pyproject.toml hold.
 The apps are floors with every import pointing down (training never imports billing, providers
-never imports training), and worker/ and veri_sdk/ import neither Django nor an app."""
+never imports training, webhooks imports only veri so that any app can publish events), and
+worker/ and veri_sdk/ import neither Django nor an app."""
 
 import subprocess
 import sys

@@ -143,13 +143,7 @@ class JobOut(serializers.ModelSerializer):
 
     @extend_schema_field(ErrorOut(allow_null=True))
     def get_error(self, job: TrainingJob) -> dict | None:
-        if not job.error_code:
-            return None
-        return {
-            "code": job.error_code,
-            "message": job.error_message,
-            "attribution": job.error_attribution,
-        }
+        return job_services.job_error(job)
 
     def _money(self, job: TrainingJob) -> hooks.JobMoney:
         """Billing keeps a job's money; asked once per job through the hook (no query when the

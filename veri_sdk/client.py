@@ -5,6 +5,7 @@ from veri_sdk.http import ApiTransport, StorageTransport
 from veri_sdk.secrets import Secrets
 from veri_sdk.training import Datasets, TrainingJobs
 from veri_sdk.volumes import Volumes
+from veri_sdk.webhooks import Webhooks
 
 
 class Client:
@@ -29,3 +30,4 @@ class Client:
         self.regions = Regions(self.api)
         self.gpus = Gpus(self.api)
         self.secrets = Secrets(self.api)
+        self.webhooks = Webhooks(self.api)

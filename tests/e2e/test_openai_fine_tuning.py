@@ -165,7 +165,7 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
         time.sleep(0.2)
     received = {}
     for headers, body in Receiver.got:
-        event = client.webhooks.unwrap(body, headers, secret=endpoint["secret"])
+        event = client.webhooks.unwrap(body, headers, secret=endpoint["signing_secret"])
         received[event.data.id] = event.type
     assert received == {j.id: "fine_tuning.job.succeeded" for j in jobs}
     headers, body = Receiver.got[0]

@@ -26,6 +26,8 @@ from training.services.worker import mint_job_token
 from veri import services as veri_services
 from volumes import services as volume_services
 from volumes.models import Upload, Volume
+from webhooks import services as webhook_services
+from webhooks.models import WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 EXAMPLES = 20  # per operation and mode: ~2,000 requests in all, in-process
@@ -95,6 +97,12 @@ class World:
             TrainingJob.objects.filter(workspace=self.workspace, checkpoints__isnull=False).first()
             or self._job_with_checkpoint()
         )
+        self.endpoint = (
+            WebhookEndpoint.objects.filter(workspace=self.workspace).first()
+            or webhook_services.create_endpoint(
+                workspace=self.workspace, url="https://example.com/hook"
+            )[0]
+        )
 
     def _job_with_checkpoint(self) -> TrainingJob:
         job = self.new_job()
@@ -121,6 +129,7 @@ class World:
             "dataset_id": self.dataset.public_id,
             "job_id": self.job.public_id,
             "name": "WANDB_API_KEY",  # a secret's
+            "endpoint_id": self.endpoint.public_id,
         }
 
     def authorize(self, case) -> None:

@@ -21,6 +21,7 @@ from volumes import selectors as volume_selectors
 from volumes import services as volume_services
 from volumes.models import Volume
 from volumes.services import validate_path, validate_volume_name
+from webhooks import services as webhooks
 
 S = JobStatus
 NEXT = {  # terminal states have no entry: nothing leaves them
@@ -80,7 +81,20 @@ def transition_job(
     if to in TERMINAL:
         hooks.job_ended(job)
         enqueue_on_commit("training.tasks.settle_job", job_id=job.pk)
+        data = {"id": job.public_id, "status": job.status, "error": job_error(job)}
+        webhooks.publish(workspace=job.workspace, event_type=f"training_job.{to}", data=data)
     return job
+
+
+def job_error(job: TrainingJob) -> dict | None:
+    """A failed job's `{code, message, attribution}`, as the API and webhook events show it."""
+    if not job.error_code:
+        return None
+    return {
+        "code": job.error_code,
+        "message": job.error_message,
+        "attribution": job.error_attribution,
+    }
 
 
 def fail_job(

@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-from veri_sdk.cli import jobs, secrets, train, volumes
+from veri_sdk.cli import jobs, secrets, train, volumes, webhooks
 from veri_sdk.cli.output import err
 from veri_sdk.client import Client
 from veri_sdk.errors import AuthenticationError, VeriAPIError
@@ -154,6 +154,34 @@ def build_parser() -> argparse.ArgumentParser:
     top_up = bc.add_parser("top-up", help="a card payment page that adds AMOUNT USD")
     top_up.add_argument("amount", help="in USD, e.g. 25")
     top_up.set_defaults(run=jobs.cmd_billing_top_up)
+
+    wh = commands.add_parser("webhooks", help="endpoints that receive signed job events")
+    whc = wh.add_subparsers(dest="webhooks_command", required=True)
+    wh_create = _json_flag(whc.add_parser("create", help="register URL (answers its secret once)"))
+    wh_create.add_argument("url")
+    wh_create.add_argument(
+        "--event",
+        action="append",
+        metavar="TYPE",
+        help="an event type to receive, e.g. training_job.failed (repeatable; default: all)",
+    )
+    wh_create.add_argument("--description")
+    wh_create.set_defaults(run=webhooks.cmd_webhooks_create)
+    _json_flag(whc.add_parser("list", help="list endpoints")).set_defaults(
+        run=webhooks.cmd_webhooks_list
+    )
+    wh_deliveries = _json_flag(
+        whc.add_parser("deliveries", help="an endpoint's deliveries, newest first")
+    )
+    wh_deliveries.add_argument("id")
+    wh_deliveries.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    wh_deliveries.set_defaults(run=webhooks.cmd_webhooks_deliveries)
+    wh_delete = whc.add_parser("delete", help="remove an endpoint and its delivery log")
+    wh_delete.add_argument("id")
+    wh_delete.set_defaults(run=webhooks.cmd_webhooks_delete)
+    wh_test = whc.add_parser("test", help="send a webhook.test event to an endpoint")
+    wh_test.add_argument("id")
+    wh_test.set_defaults(run=webhooks.cmd_webhooks_test)
     return parser
 
 
