@@ -4,6 +4,7 @@ worker is asked (in its heartbeat's answer) to save a checkpoint and end with th
 does not within `VERI_STOP_GRACE_SECONDS` is ended by the watchdog. A job not yet training has
 nothing to save: it ends at once."""
 
+import contextlib
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -63,10 +64,8 @@ def enforce(*, active: Iterable[TrainingJob], now: datetime) -> dict[str, int]:
     for job in active:
         if job.stop_code and job.stop_requested_at and job.stop_requested_at < grace:
             if job.stop_code == PAUSED:
-                try:
+                with contextlib.suppress(InvalidTransition):
                     end_paused(job_id=job.pk)
-                except InvalidTransition:
-                    pass
                 continue
             try:
                 fail_job(
