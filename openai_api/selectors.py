@@ -19,10 +19,17 @@ def get_file(*, workspace: Workspace, file_id: str) -> File:
     return found
 
 
+# Billing's record and refund of the Veri job (reverse relations, named, not imported): the job
+# object shows its money through `hooks.money().job_money` without a query per job.
+JOB_RELATIONS = ("job", "job__billing", "job__refund", "workspace", "result_file")
+
+
+def jobs_of(*, workspace: Workspace) -> QuerySet[FineTuningJob]:
+    return FineTuningJob.objects.filter(workspace=workspace).select_related(*JOB_RELATIONS)
+
+
 def list_jobs(*, workspace: Workspace, metadata: dict[str, str]) -> QuerySet[FineTuningJob]:
-    jobs = FineTuningJob.objects.filter(workspace=workspace).select_related(
-        "job", "workspace", "result_file"
-    )
+    jobs = jobs_of(workspace=workspace)
     for key, value in metadata.items():
         jobs = jobs.filter(**{f"metadata__{key}": value})
     return jobs

@@ -326,11 +326,7 @@ def create_job(*, workspace: Workspace, body: dict) -> FineTuningJob:
 
 
 def get_job(*, workspace: Workspace, job_id: str) -> FineTuningJob:
-    found = (
-        FineTuningJob.objects.filter(workspace=workspace, public_id=job_id)
-        .select_related("job", "workspace", "result_file")
-        .first()
-    )
+    found = selectors.jobs_of(workspace=workspace).filter(public_id=job_id).first()
     if found is None:
         raise NotFound(f"No fine-tuning job {job_id[:60]!r}.", field="fine_tuning_job_id")
     return found
