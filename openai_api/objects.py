@@ -53,7 +53,7 @@ def _slug(value: str) -> str:
 
 
 def fine_tuned_model(ft: FineTuningJob, *, step: int | None = None) -> str:
-    base = ft.model.replace("://", "/").replace(":", "-")
+    base = ft.job.base_model.replace("://", "/").replace(":", "-")  # an ft: model's own base
     name = f"ft:{base}:{_slug(ft.workspace.name)}:{ft.suffix}:{ft.public_id.removeprefix('ftjob-')}"
     return f"{name}:ckpt-step-{step}" if step is not None else name
 

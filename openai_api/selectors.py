@@ -62,12 +62,21 @@ def succeeded_jobs(*, workspace: Workspace) -> QuerySet[FineTuningJob]:
     ).select_related("job", "workspace")
 
 
-def get_fine_tuned(*, workspace: Workspace, model: str) -> FineTuningJob:
-    """The fine-tuning job behind an `ft:…` model name of this workspace."""
+def find_fine_tuned(*, workspace: Workspace, model: str) -> tuple[FineTuningJob, int | None] | None:
+    """The succeeded fine-tuning job behind an `ft:…` name of this workspace, and the step its
+    `:ckpt-step-<n>` names (None: the final model)."""
     match = FINE_TUNED_RE.fullmatch(model)
-    found = None
-    if match and not match["step"]:
-        found = succeeded_jobs(workspace=workspace).filter(public_id=f"ftjob-{match['id']}").first()
+    if not match:
+        return None
+    found = succeeded_jobs(workspace=workspace).filter(public_id=f"ftjob-{match['id']}").first()
     if found is None:
+        return None
+    return found, int(match["step"]) if match["step"] else None
+
+
+def get_fine_tuned(*, workspace: Workspace, model: str) -> FineTuningJob:
+    """A fine-tuned model (not a checkpoint's name) of this workspace, or 404."""
+    found = find_fine_tuned(workspace=workspace, model=model)
+    if found is None or found[1] is not None:
         raise NotFound(f"The model `{model[:200]}` does not exist.", field="model")
-    return found
+    return found[0]

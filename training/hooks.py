@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from veri.models import Workspace
 
 if TYPE_CHECKING:
-    from training.models import TrainingJob
+    from training.models import Checkpoint, TrainingJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,3 +91,17 @@ def register_job_ended(callback: Callable[["TrainingJob"], None]) -> None:
 def job_ended(job: "TrainingJob") -> None:
     for callback in _job_ended:
         callback(job)
+
+
+# A face's names for models trained here (the OpenAI face's `ft:…`): the base model such a name
+# was trained on and the checkpoint holding its adapter, for jobs that train on from it.
+_fine_tuned: Callable[..., "tuple[str, Checkpoint] | None"] | None = None
+
+
+def register_fine_tuned_names(resolver: Callable[..., "tuple[str, Checkpoint] | None"]) -> None:
+    global _fine_tuned
+    _fine_tuned = resolver
+
+
+def fine_tuned_model(*, workspace: Workspace, name: str) -> "tuple[str, Checkpoint] | None":
+    return _fine_tuned(workspace=workspace, name=name) if _fine_tuned else None

@@ -70,6 +70,11 @@ class TrainingJob(models.Model):
     resume_from = models.ForeignKey(
         "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="resumed_by"
     )
+    # A fine-tuned model's adapter the job trains on from (its base is `base_model`), with a new
+    # optimizer at step 0; `resume_from` instead continues a run where it stopped.
+    adapter_from = models.ForeignKey(
+        "Checkpoint", on_delete=models.SET_NULL, null=True, blank=True, related_name="trained_on"
+    )
     provider = models.CharField(max_length=30)
     region = models.CharField(max_length=40)
     gpu_type = models.CharField(max_length=60)

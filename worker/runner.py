@@ -350,6 +350,12 @@ class Runner:
                 self.fetch(file["url"], folder / file["path"])
             job["resume_path"] = str(folder)
             self.say(f"[veri] resuming from {resume['checkpoint_id']} at step {resume['step']}")
+        if adapter := spec.get("adapter_from"):
+            folder = self.work / "adapter"
+            for file in adapter["files"]:
+                self.fetch(file["url"], folder / file["path"])
+            job["adapter_path"] = str(folder)
+            self.say(f"[veri] training on from the adapter of {adapter['checkpoint_id']}")
         sandbox.prepare_home(
             self.home, sandbox.training_uid(self.job_id) if sandbox.isolated() else None
         )

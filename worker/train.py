@@ -336,6 +336,14 @@ def load_model(spec: dict, lora: dict, cuda: bool):
         )
     tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
     model = AutoModelForCausalLM.from_pretrained(spec["model_path"], **model_kwargs)
+    if spec.get("adapter_path"):  # a fine-tuned model trains on: its adapter, its LoRA shape
+        from peft import PeftModel
+
+        return (
+            PeftModel.from_pretrained(model, spec["adapter_path"], is_trainable=True),
+            tokenizer,
+            None,
+        )
     peft_config = LoraConfig(
         r=lora["r"],
         lora_alpha=lora["alpha"],

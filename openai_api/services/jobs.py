@@ -18,7 +18,7 @@ from openai_api import selectors
 from openai_api.models import File, FineTuningJob
 from openai_api.services import files
 from training import specs
-from training.models import JobStatus, TrainingJob
+from training.models import Checkpoint, JobStatus, TrainingJob
 from training.services import jobs as training_jobs
 from training.services import stops
 from veri.errors import Conflict, NotFound, VeriError
@@ -266,13 +266,6 @@ def _submission(
 def create_job(*, workspace: Workspace, body: dict) -> FineTuningJob:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise VeriError("model is required: a Hugging Face repo id or volume://…", field="model")
-    if body["model"].startswith("ft:"):
-        raise VeriError(
-            "Fine-tuning a fine-tuned model is not supported yet: resume its job, or submit a "
-            "Veri job with resume_from one of its checkpoints.",
-            field="model",
-            code="model_not_trainable",
-        )
     kind, hyperparameters, method, warnings = _method(body)
     suffix = body.get("suffix")
     if suffix is not None and (not isinstance(suffix, str) or not SUFFIX_RE.fullmatch(suffix)):
@@ -449,3 +442,18 @@ def run_grader(*, grader: dict, model_sample: str, item: dict) -> dict:
     code in a sandboxed child process (customer code never runs in the API process), every
     other grader here."""
     return graders.run_response(grader, graders.sample_for(model_sample), item)
+
+
+def resolve_fine_tuned(*, workspace: Workspace, name: str) -> tuple[str, Checkpoint] | None:
+    """Training's hook: a fine-tuned model's name (or one of its checkpoints') as the base it
+    was trained on and the checkpoint holding its adapter."""
+    found = selectors.find_fine_tuned(workspace=workspace, model=name)
+    if found is None:
+        return None
+    ft, step = found
+    checkpoints = Checkpoint.objects.filter(job__in=selectors.runs(ft=ft))
+    if step is None:
+        checkpoint = checkpoints.filter(final=True).order_by("-pk").first()
+    else:
+        checkpoint = checkpoints.filter(final=False, step=step).order_by("-pk").first()
+    return (ft.job.base_model, checkpoint) if checkpoint else None

@@ -151,6 +151,20 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
     assert [int(row["step"]) for row in table] == list(range(1, 9))
     assert float(table[0]["train_loss"]) == pytest.approx(metrics[0]["train_loss"])
 
+    # The fine-tuned model trains on: from its adapter, so its first loss is already low.
+    again = client.fine_tuning.jobs.create(
+        model=job.fine_tuned_model,
+        training_file=weighted.id,
+        seed=3,
+        method=SUPERVISED,
+        extra_body={"veri": FAST},
+    )
+    again = wait_for_status(client, again.id, DONE)
+    assert again.status == "succeeded", again.error
+    assert again.fine_tuned_model.startswith("ft:volume/models/tiny:acme::")
+    first_again = metrics_events(client, again.id)[0]["train_loss"]
+    assert first_again < metrics[0]["train_loss"] * 0.8, (first_again, metrics[0])
+
     assert job.fine_tuned_model in [m.id for m in client.models.list()]
     assert client.models.retrieve(job.fine_tuned_model).owned_by == "acme"
     folder = download_final(api_client, job.model_extra["veri_job_id"], tmp_path / "adapter")

@@ -178,6 +178,7 @@ class Submission:
     region: str | None = None
     volumes: list[str] = field(default_factory=list)
     resume_from: str | None = None
+    adapter_from: str | None = None  # a checkpoint's id: train on from its adapter, at step 0
     checkpoint_every: int | None = None
     checkpoint_keep: int = 2
     heartbeat_timeout_seconds: int = 300
@@ -223,6 +224,32 @@ def _resolve_dataset(workspace: Workspace, dataset_id: str, method: str) -> Data
             code="invalid_dataset",
         )
     return dataset
+
+
+def _resolve_fine_tuned(workspace: Workspace, sub: Submission) -> tuple[str, Checkpoint | None]:
+    """The base model and the adapter to train on from: a fine-tuned model's name (`ft:…`)
+    stands for the base it was trained on with its final adapter; `adapter_from` names a
+    checkpoint of this workspace directly."""
+    base_model = sub.base_model
+    if isinstance(base_model, str) and base_model.startswith("ft:"):
+        found = hooks.fine_tuned_model(workspace=workspace, name=base_model)
+        if found is None:
+            raise VeriError(
+                f"No fine-tuned model {base_model[:200]!r} in this workspace.",
+                field="base_model",
+                code="invalid_base_model",
+            )
+        return found
+    if not sub.adapter_from:
+        return base_model, None
+    adapter = Checkpoint.objects.filter(workspace=workspace, public_id=sub.adapter_from).first()
+    if adapter is None:
+        raise VeriError(
+            f"No checkpoint {str(sub.adapter_from)[:60]!r} in this workspace.",
+            field="adapter_from",
+            code="invalid_checkpoint",
+        )
+    return base_model, adapter
 
 
 def _check_base_model(base_model: str) -> None:
@@ -384,6 +411,8 @@ class Plan:
     region: str
     gpu: catalog.GpuType
     checkpoint: Checkpoint | None
+    base_model: str  # a fine-tuned model's name resolved to the base it was trained on
+    adapter: Checkpoint | None
     max_cost_micros: int | None
     integrations: list[dict]
 
@@ -416,16 +445,24 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
     sub = submission
     hooks.money().check_account(workspace=workspace)
     _check_method(sub.method)
-    _check_base_model(sub.base_model)
+    base_model, adapter = _resolve_fine_tuned(workspace, sub)
+    _check_base_model(base_model)
     if sub.method == "grpo":
         specs.check_reward_source(sub.reward_source)
     hyperparameters = specs.validate_hyperparameters(sub.method, sub.hyperparameters)
     lora = specs.validate_lora(sub.lora, gpu_type=sub.gpu_type)
     dataset = _resolve_dataset(workspace, sub.dataset_id, sub.method)
-    volumes = _resolve_volumes(workspace, sub.volumes, dataset, sub.base_model)
+    volumes = _resolve_volumes(workspace, sub.volumes, dataset, base_model)
     provider, region, gpu = _resolve_placement(sub, volumes)
-    _check_model_reachable(sub.base_model, provider)
+    _check_model_reachable(base_model, provider)
     checkpoint = _resolve_checkpoint(workspace, sub.resume_from, sub.method)
+    if checkpoint and adapter:
+        raise VeriError(
+            "resume_from continues a run with its own adapter; give it or a fine-tuned model to "
+            "train on, not both.",
+            field="resume_from",
+            code="invalid_checkpoint",
+        )
     checked_integrations = integrations.validate_integrations(sub.integrations, workspace=workspace)
     limits = [
         ("checkpoint_every", sub.checkpoint_every, 1, 1_000_000),
@@ -447,6 +484,8 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
         region=region,
         gpu=gpu,
         checkpoint=checkpoint,
+        base_model=base_model,
+        adapter=adapter,
         max_cost_micros=_max_cost_micros(sub.max_cost_usd),
         integrations=checked_integrations,
     )
@@ -465,7 +504,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
         job = TrainingJob.objects.create(
             workspace=workspace,
             method=sub.method,
-            base_model=sub.base_model,
+            base_model=plan.base_model,
             dataset=plan.dataset,
             reward_source=sub.reward_source if sub.method == "grpo" else "",
             output_name=sub.output_name,
@@ -473,6 +512,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             lora=plan.lora,
             volumes=[{"id": v.public_id, "name": v.name} for v in plan.volumes],
             resume_from=plan.checkpoint,
+            adapter_from=plan.adapter,
             provider=plan.provider,
             region=plan.region,
             gpu_type=sub.gpu_type,
@@ -571,6 +611,7 @@ def _again(job: TrainingJob, *, checkpoint: Checkpoint | None) -> Submission:
         region=job.region,
         volumes=[v["id"] for v in job.volumes],
         resume_from=checkpoint.public_id if checkpoint else None,
+        adapter_from=job.adapter_from.public_id if job.adapter_from and not checkpoint else None,
         checkpoint_every=job.checkpoint_every,
         checkpoint_keep=job.checkpoint_keep,
         heartbeat_timeout_seconds=job.heartbeat_timeout_seconds,

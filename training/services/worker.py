@@ -464,10 +464,9 @@ def build_spec(*, job: TrainingJob) -> dict:
         }
     else:
         data |= {"volume": dataset.volume_name, "path": dataset.path}
-    resume = None
-    if job.resume_from:
-        checkpoint = job.resume_from
-        resume = {
+
+    def files(checkpoint: Checkpoint) -> dict:
+        return {
             "checkpoint_id": checkpoint.public_id,
             "step": checkpoint.step,
             "files": [
@@ -475,6 +474,7 @@ def build_spec(*, job: TrainingJob) -> dict:
                 for f, key in checkpoint.file_keys()
             ],
         }
+
     return {
         "job_id": job.public_id,
         "method": job.method,
@@ -491,7 +491,8 @@ def build_spec(*, job: TrainingJob) -> dict:
         "checkpoint_keep": job.checkpoint_keep,
         "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
         "samples_every": job.samples_every,
-        "resume_from": resume,
+        "resume_from": files(job.resume_from) if job.resume_from else None,
+        "adapter_from": files(job.adapter_from) if job.adapter_from else None,
         "attempt": job.attempt,
         "integrations": job.integrations,
         "wandb_mode": settings.VERI_WANDB_MODE,
