@@ -158,7 +158,7 @@ def _reinforcement_problem(row: dict) -> str | None:
     last = row["messages"][-1]["role"]
     if last not in ("user", "developer"):
         return (
-            f"has messages ending with a {last} message; a reinforcement row ends with a user or "
+            f"has messages ending with role {last!r}; a reinforcement row ends with a user or "
             "developer message, which the model answers"
         )
     return None

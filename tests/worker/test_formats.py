@@ -117,11 +117,11 @@ def test_openai_preference_and_reinforcement_rows():
     assert reinforcement_row(rft) == {**rft, "prompt": rft["messages"]}
     ends_with_answer = {"messages": [*rft["messages"], {"role": "assistant", "content": "4"}]}
     assert row_problem("grpo", ends_with_answer) == (
-        "has messages ending with a assistant message; a reinforcement row ends with a user or "
+        "has messages ending with role 'assistant'; a reinforcement row ends with a user or "
         "developer message, which the model answers"
     )
     # A supervised chat row is no reinforcement row, and the reverse.
-    assert row_problem("grpo", chat(1)).startswith("has messages ending with a assistant")
+    assert row_problem("grpo", chat(1)).startswith("has messages ending with role 'assistant'")
     assert row_problem("sft_text", rft).startswith("has no assistant message to train on")
 
 

@@ -446,13 +446,8 @@ def output_urls(
     return answer
 
 
-def build_spec(*, job: TrainingJob) -> dict:
-    """Everything the worker needs to run the job."""
-    store, dataset, ttl = (
-        store_for(job.workspace_prefix),
-        job.dataset,
-        settings.VERI_PRESIGN_TTL_SECONDS,
-    )
+def _dataset_spec(dataset: Dataset, store, ttl: int) -> dict:
+    """Where the worker reads a dataset: a presigned URL, a hub id, or a volume's file."""
     data: dict = {"id": dataset.public_id, "source": dataset.source}
     if dataset.source == Dataset.Source.UPLOAD:
         data["url"] = store.presign_get(dataset.object_key, expires=ttl)
@@ -464,6 +459,13 @@ def build_spec(*, job: TrainingJob) -> dict:
         }
     else:
         data |= {"volume": dataset.volume_name, "path": dataset.path}
+    return data
+
+
+def build_spec(*, job: TrainingJob) -> dict:
+    """Everything the worker needs to run the job."""
+    store, ttl = store_for(job.workspace_prefix), settings.VERI_PRESIGN_TTL_SECONDS
+    validation = job.validation_dataset
     resume = None
     if job.resume_from:
         checkpoint = job.resume_from
@@ -479,7 +481,8 @@ def build_spec(*, job: TrainingJob) -> dict:
         "job_id": job.public_id,
         "method": job.method,
         "base_model": job.base_model,
-        "dataset": data,
+        "dataset": _dataset_spec(job.dataset, store, ttl),
+        "validation_dataset": validation and _dataset_spec(validation, store, ttl),
         "reward_source": job.reward_source,
         "output_name": job.output_name,
         "hyperparameters": job.hyperparameters,
