@@ -249,3 +249,51 @@ def test_a_validation_dataset_reports_eval_loss_every_eval_interval(tiny_model, 
         assert "loss" in points[step] and points[step]["eval_loss"] > 0
     assert "eval_loss" not in points[1] and "loss" in points[1]
     assert events[-1]["event"] == "finished"
+
+
+def logged(trainer, key: str) -> list[float]:
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def test_openai_preference_rows_train_dpo_and_evaluate(tiny_model, tmp_path):
+    def row(a: int) -> dict:
+        return {
+            "input": {"messages": [{"role": "user", "content": f"What is {a} plus {a}?"}]},
+            "preferred_output": [{"role": "assistant", "content": f"{2 * a}."}],
+            "non_preferred_output": [{"role": "assistant", "content": "I do not know."}],
+        }
+
+    spec = spec_for(tmp_path, tiny_model, "dpo", max_steps=2, beta=0.1, eval_interval=1)
+    trainer, _ = build_trainer(spec, [row(a) for a in range(8)], Events(), [row(9), row(11)])
+    trainer.train()
+    assert len(logged(trainer, "eval_loss")) == 2
+    assert len(logged(trainer, "rewards/margins")) >= 2
+
+
+def test_openai_reinforcement_rows_give_the_reward_their_fields(tiny_model, tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    spec = spec_for(
+        tmp_path,
+        tiny_model,
+        "grpo",
+        max_steps=1,
+        rollouts_per_prompt=4,
+        max_response_length=8,
+        temperature=1.0,
+        kl_coef=0.0,
+    )
+    spec["reward_source"] = (
+        "import json\n"
+        "def reward(prompts, completions, answer, messages, **kwargs):\n"
+        f"    with open({str(seen)!r}, 'a') as f:\n"
+        "        call = {'answer': answer, 'messages': messages, 'prompts': prompts}\n"
+        "        f.write(json.dumps(call) + '\\n')\n"
+        "    return [float(a in c) for a, c in zip(answer, completions)]\n"
+    )
+    asked = [{"role": "developer", "content": [{"type": "text", "text": "Say 4"}]}]
+    trainer, _ = build_trainer(spec, [{"messages": asked, "answer": "4"}] * 4, Events())
+    trainer.train()
+    call = json.loads(seen.read_text().splitlines()[0])
+    as_text = [{"role": "developer", "content": "Say 4"}]
+    assert call["answer"] == ["4"] * 4
+    assert call["messages"] == [as_text] * 4 and call["prompts"] == [as_text] * 4
