@@ -276,18 +276,18 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
                 for k, v in (logs or {}).items()
                 if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
             }
-            # The control plane keeps one point per step: a step that is evaluated reports its
-            # training values with its eval_* values, in one point, once the evaluation logged.
-            if control.should_evaluate and not any(k.startswith("eval_") for k in values):
-                self.held = values
-                return
-            values, self.held = self.held | values, {}
             tokens = values.get("num_tokens")
             now = time.monotonic()
             if tokens is not None and self.last_tokens is not None and now > self.last_time:
                 values["tokens_per_second"] = (tokens - self.last_tokens) / (now - self.last_time)
             if tokens is not None:
                 self.last_tokens, self.last_time = tokens, now
+            # The control plane keeps one point per step: a step that is evaluated reports its
+            # training values with its eval_* values, in one point, once the evaluation logged.
+            if control.should_evaluate and not any(k.startswith("eval_") for k in values):
+                self.held = values
+                return
+            values, self.held = self.held | values, {}
             if "train_runtime" in values:  # the trainer's summary at the end
                 print(
                     f"[veri] trained {state.global_step} steps in "
