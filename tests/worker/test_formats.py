@@ -200,8 +200,8 @@ def first_loss(spec: dict, rows: list[dict]) -> float:
 
 def test_the_weight_of_an_assistant_message_changes_the_loss(tiny_model, tmp_path):
     spec = spec_for(tmp_path, tiny_model, "sft_text")
-    both = [chat(1, 1, 1)] * 4
-    last_only = [chat(0, 0, 1)] * 4  # the same rows, the first two answers not trained on
+    both = [chat(1, 1)] * 4
+    last_only = [chat(0, 1)] * 4  # the same rows, the first answer not trained on
     assert first_loss(spec, both) != pytest.approx(first_loss(spec, last_only), rel=1e-3)
     assert first_loss(spec, last_only) == pytest.approx(first_loss(spec, last_only))
 
