@@ -158,12 +158,20 @@ def trainer_dataset(method: str, rows: list[dict], tokenizer, max_length: int | 
     from datasets import Dataset
 
     if method == "sft_text":
-        try:
-            examples = [formats.supervised_example(r, tokenizer, max_length) for r in rows]
-        except ValueError as exc:  # transformers: the tokenizer has no chat template
-            raise JobFailure(
-                "config_error", f"chat rows need the model's chat template, and: {exc}"
-            ) from exc
+        from jinja2 import TemplateError
+
+        examples = []
+        for number, row in enumerate(rows, start=1):
+            try:
+                examples.append(formats.supervised_example(row, tokenizer, max_length))
+            except TemplateError as exc:  # the template's own check (roles must alternate…)
+                raise JobFailure(
+                    "invalid_dataset", f"row {number}: the model's chat template refuses it: {exc}"
+                ) from exc
+            except ValueError as exc:  # transformers: the tokenizer has no chat template
+                raise JobFailure(
+                    "config_error", f"chat rows need the model's chat template, and: {exc}"
+                ) from exc
         return Dataset.from_list(examples)
     if method == "dpo":
         return Dataset.from_list([formats.preference_row(r) for r in rows])

@@ -297,3 +297,35 @@ def test_openai_reinforcement_rows_give_the_reward_their_fields(tiny_model, tmp_
     as_text = [{"role": "developer", "content": "Say 4"}]
     assert call["answer"] == ["4"] * 4
     assert call["messages"] == [as_text] * 4 and call["prompts"] == [as_text] * 4
+
+
+def test_a_chat_template_that_refuses_a_row_or_none_at_all_is_said_plainly(tiny_model):
+    from transformers import AutoTokenizer
+
+    from worker.errors import JobFailure
+    from worker.train import trainer_dataset
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+        "{{ raise_exception('the system message comes first') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    late_system = {
+        "messages": [
+            {"role": "user", "content": "u"},
+            {"role": "system", "content": "s"},
+            {"role": "assistant", "content": "a"},
+        ]
+    }
+    with pytest.raises(JobFailure) as refused:
+        trainer_dataset("sft_text", [chat(1), late_system], tokenizer, 64)
+    assert (refused.value.code, refused.value.message) == (
+        "invalid_dataset",
+        "row 2: the model's chat template refuses it: the system message comes first",
+    )
+    tokenizer.chat_template = None
+    with pytest.raises(JobFailure) as refused:
+        trainer_dataset("sft_text", [chat(1)], tokenizer, 64)
+    assert refused.value.code == "config_error" and "chat template" in refused.value.message
+    assert len(trainer_dataset("sft_text", [{"text": "plain"}], tokenizer, 64)) == 1
