@@ -10,7 +10,8 @@
   column, so the reward functions get it as a keyword argument, `messages` included.
 
 Messages reach the chat template as `role` and `content` text (text parts joined, null as ""),
-with `tool_calls`, `tool_call_id` and `name` when the customer gave them.
+with `tool_calls` (their JSON-text `arguments` as objects), `tool_call_id` and `name` when the
+customer gave them.
 """
 
 import json
@@ -28,12 +29,35 @@ def text_of(content) -> str:
     return content
 
 
+def _arguments(arguments):
+    """A tool call's arguments as an object, as Hugging Face chat templates render them (OpenAI
+    writes them as JSON text); text that is not a JSON object stays text."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
 def chat(messages: list[dict]) -> list[dict]:
     """Messages as chat templates read them."""
     out = []
     for message in messages:
         plain = {"role": message["role"], "content": text_of(message.get("content"))}
-        plain |= {k: message[k] for k in ("tool_calls", "tool_call_id", "name") if k in message}
+        plain |= {k: message[k] for k in ("tool_call_id", "name") if k in message}
+        if "tool_calls" in message:
+            plain["tool_calls"] = [
+                {
+                    **call,
+                    "function": {
+                        **call["function"],
+                        "arguments": _arguments(call["function"].get("arguments", {})),
+                    },
+                }
+                for call in message["tool_calls"]
+            ]
         out.append(plain)
     return out
 

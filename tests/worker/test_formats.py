@@ -329,3 +329,32 @@ def test_a_chat_template_that_refuses_a_row_or_none_at_all_is_said_plainly(tiny_
         trainer_dataset("sft_text", [chat(1)], tokenizer, 64)
     assert refused.value.code == "config_error" and "chat template" in refused.value.message
     assert len(trainer_dataset("sft_text", [{"text": "plain"}], tokenizer, 64)) == 1
+
+
+def test_tools_and_tool_calls_reach_the_chat_template(tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = (
+        "{% if tools %}<|im_start|>system\ntools: {% for t in tools %}{{ t.function.name }}"
+        "{% endfor %}<|im_end|>\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}call {{ c.function.name }} "
+        "{{ c.function.arguments | tojson }}{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    row = {
+        "messages": [
+            {"role": "user", "content": "1 plus 1?"},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"},
+            {"role": "assistant", "content": "2.", "weight": 0},
+        ],
+        "tools": TOOLS,
+    }
+    example = supervised_example(row, tokenizer, max_length=512)
+    assert tokenizer.decode(example["input_ids"]).startswith("<|im_start|>system\ntools: add")
+    trained = [
+        t for t, label in zip(example["input_ids"], example["labels"], strict=True) if label != -100
+    ]
+    assert tokenizer.decode(trained) == 'call add {"a": 1}<|im_end|>\n'  # an object, not text
