@@ -4,7 +4,7 @@ submit) and the worker (checked again on the data it actually reads); imports no
 Each problem reads on after "line N " (`line 3 has messages[1] with role "bot"; ...`): the
 control plane and the worker both report it so.
 
-Accepted rows, by method (docs/datasets.md shows them):
+Accepted rows, by method (docs/user-guide/methods.md shows them):
 - sft_text: `{"text"}`, or a chat `{"messages", "tools"?, "parallel_tool_calls"?}` (OpenAI's
   supervised format: an assistant message may carry `weight` 0 or 1, and only assistant messages
   with a weight other than 0 are trained on).

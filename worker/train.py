@@ -172,10 +172,16 @@ def trainer_dataset(method: str, rows: list[dict], tokenizer, max_length: int | 
                 raise JobFailure(
                     "config_error", f"chat rows need the model's chat template, and: {exc}"
                 ) from exc
+    elif method == "dpo":
+        examples = [formats.preference_row(r) for r in rows]
+    else:
+        examples = [formats.reinforcement_row(r) for r in rows]
+    try:
         return Dataset.from_list(examples)
-    if method == "dpo":
-        return Dataset.from_list([formats.preference_row(r) for r in rows])
-    return Dataset.from_list([formats.reinforcement_row(r) for r in rows])
+    except (ValueError, TypeError) as exc:  # pyarrow: a column is a number here, text there…
+        raise JobFailure(
+            "invalid_dataset", f"the rows' fields must have one type each across rows: {exc}"
+        ) from exc
 
 
 def duration(seconds: float) -> str:

@@ -358,3 +358,15 @@ def test_tools_and_tool_calls_reach_the_chat_template(tiny_model):
         t for t, label in zip(example["input_ids"], example["labels"], strict=True) if label != -100
     ]
     assert tokenizer.decode(trained) == 'call add {"a": 1}<|im_end|>\n'  # an object, not text
+
+
+def test_a_reference_field_of_two_types_is_an_invalid_dataset():
+    from worker.errors import JobFailure
+    from worker.train import trainer_dataset
+
+    asked = [{"role": "user", "content": "Say 4"}]
+    rows = [{"messages": asked, "answer": 4}, {"messages": asked, "answer": {"value": 4}}]
+    with pytest.raises(JobFailure) as refused:
+        trainer_dataset("grpo", rows, None, None)
+    assert refused.value.code == "invalid_dataset"
+    assert refused.value.message.startswith("the rows' fields must have one type each")
