@@ -88,6 +88,9 @@ class RestartOut(serializers.Serializer):
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id")
     dataset_id = serializers.CharField(source="dataset.public_id")
+    validation_dataset_id = serializers.CharField(
+        source="validation_dataset.public_id", default=None, allow_null=True
+    )
     resume_from = serializers.CharField(
         source="resume_from.public_id", default=None, allow_null=True
     )
@@ -107,6 +110,7 @@ class JobOut(serializers.ModelSerializer):
             "method",
             "base_model",
             "dataset_id",
+            "validation_dataset_id",
             "output_name",
             "provider",
             "region",
@@ -323,6 +327,11 @@ class SubmitIn(serializers.Serializer):
 
     base_model = PathString()  # volume://<volume>/<path>: the path in its one spelling
     dataset_id = serializers.CharField()
+    validation_dataset_id = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="evaluated every eval_interval steps (eval_loss…), never trained on",
+    )
     method = serializers.CharField()
     reward_source = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
     output_name = serializers.CharField(required=False, allow_blank=True, max_length=200)

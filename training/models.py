@@ -60,6 +60,10 @@ class TrainingJob(models.Model):
     method = models.CharField(max_length=20)
     base_model = models.CharField(max_length=1100)  # volume://<128>/<900>, a hub id, a folder
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    # Evaluated on every `eval_interval` steps (eval_loss…); never trained on.
+    validation_dataset = models.ForeignKey(
+        Dataset, on_delete=models.PROTECT, null=True, blank=True, related_name="validated_jobs"
+    )
     reward_source = models.TextField(blank=True)
     output_name = models.CharField(max_length=200, blank=True)
     hyperparameters = models.JSONField(default=dict, blank=True)

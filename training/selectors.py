@@ -33,7 +33,9 @@ def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
         TrainingJob.objects.filter(workspace=workspace)
         # billing's record and refund (reverse relations, named, not imported): the API shows
         # a job's money through `hooks.money().job_money` without a query per job.
-        .select_related("workspace", "dataset", "resume_from", "billing", "refund")
+        .select_related(
+            "workspace", "dataset", "validation_dataset", "resume_from", "billing", "refund"
+        )
         .prefetch_related("attempts")
     )
 

@@ -50,6 +50,11 @@ HYPERPARAMETERS = {
     "temperature": Param(float, 0, 10, methods=("grpo",), low_exclusive=True),
     "kl_coef": Param(float, 0, 10, methods=("grpo",)),
     "beta": Param(float, 0, 10, methods=("dpo",), low_exclusive=True),
+    # With a validation dataset: evaluate every eval_interval steps (default: at each
+    # checkpoint_every, else every tenth of the steps), on its first eval_samples rows (default:
+    # all). Without one they change nothing.
+    "eval_interval": Param(int, 1, 1_000_000),
+    "eval_samples": Param(int, 1, 1_000_000),
 }
 
 DEFAULTS = {

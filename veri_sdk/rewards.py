@@ -23,6 +23,7 @@ def training_job(
     region: str | None = None,
     provider: str | None = None,
     hyperparameters: dict | None = None,
+    validation_dataset: str | None = None,
     **options,
 ) -> Callable[[Callable], Callable]:
     """A GRPO reward function and the job that trains with it:
@@ -31,7 +32,8 @@ def training_job(
         def reward(completions, **kwargs): ...
 
     `dataset` is a dataset id (`ds_…`), a local `.jsonl` (uploaded when the job is submitted),
-    `volume://<volume>/<path>`, or `hf://<owner>/<name>`. Other keyword arguments (lora,
+    `volume://<volume>/<path>`, or `hf://<owner>/<name>`; so is `validation_dataset`, evaluated
+    every `eval_interval` steps and never trained on. Other keyword arguments (lora,
     output_name, checkpoint_every, max_cost_usd, …) go to the submit call as they are."""
 
     def mark(function: Callable) -> Callable:
@@ -42,6 +44,7 @@ def training_job(
             {
                 "base_model": base_model,
                 "dataset": dataset,
+                "validation_dataset": validation_dataset,
                 "method": method,
                 "gpu_type": gpu_type,
                 "gpu_count": gpu_count,

@@ -163,9 +163,12 @@ class TrainingJobs:
     def __init__(self, api: ApiTransport, storage: StorageTransport):
         self.api, self.storage = api, storage
 
-    def create(self, **fields) -> TrainingJob:
+    def create(self, *, validation_dataset: Dataset | str | None = None, **fields) -> TrainingJob:
         """Submit a job: base_model, dataset_id, method, reward_source (grpo), output_name,
-        hyperparameters, lora, gpu_type, gpu_count, provider, region, … (docs/api.md)."""
+        hyperparameters, lora, gpu_type, gpu_count, provider, region, … (docs/api.md).
+        `validation_dataset` (a Dataset or its id) is evaluated every `eval_interval` steps."""
+        if validation_dataset is not None:
+            fields["validation_dataset_id"] = getattr(validation_dataset, "id", validation_dataset)
         return TrainingJob.from_api(self.api.request("POST", "/training_jobs", json=fields), self)
 
     def quote(self, **fields) -> dict:

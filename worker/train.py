@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from worker import formats
 from worker.errors import TRAINING_CODES, JobFailure
 from worker.rows import row_problem
 
@@ -119,8 +120,9 @@ def _scored(function, name: str, recorder: SampleRecorder | None):
     return reward_func
 
 
-def load_rows(spec: dict) -> list[dict]:
-    data = spec["dataset"]
+def load_rows(spec: dict, key: str = "dataset") -> list[dict]:
+    """The rows of the job's `dataset` (or `validation_dataset`), each checked for its method."""
+    data, what = spec[key], "the dataset" if key == "dataset" else "the validation dataset"
     if data["source"] == "hf":
         from datasets import load_dataset
 
@@ -141,14 +143,45 @@ def load_rows(spec: dict) -> list[dict]:
                 row = json.loads(line)
             except (ValueError, RecursionError) as exc:
                 raise JobFailure(
-                    "invalid_dataset", f"line {number} is not valid JSON ({exc})"
+                    "invalid_dataset", f"{what}'s line {number} is not valid JSON ({exc})"
                 ) from exc
             if problem := row_problem(spec["method"], row):
-                raise JobFailure("invalid_dataset", f"line {number} {problem}")
+                raise JobFailure("invalid_dataset", f"{what}'s line {number} {problem}")
             rows.append(row)
     if not rows:
-        raise JobFailure("invalid_dataset", "the dataset has no rows")
+        raise JobFailure("invalid_dataset", f"{what} has no rows")
     return rows
+
+
+def trainer_dataset(method: str, rows: list[dict], tokenizer, max_length: int | None):
+    """The rows as the method's TRL trainer takes them (worker.formats)."""
+    from datasets import Dataset
+
+    if method == "sft_text":
+        from jinja2 import TemplateError
+
+        examples = []
+        for number, row in enumerate(rows, start=1):
+            try:
+                examples.append(formats.supervised_example(row, tokenizer, max_length))
+            except TemplateError as exc:  # the template's own check (roles must alternate…)
+                raise JobFailure(
+                    "invalid_dataset", f"row {number}: the model's chat template refuses it: {exc}"
+                ) from exc
+            except ValueError as exc:  # transformers: the tokenizer has no chat template
+                raise JobFailure(
+                    "config_error", f"chat rows need the model's chat template, and: {exc}"
+                ) from exc
+    elif method == "dpo":
+        examples = [formats.preference_row(r) for r in rows]
+    else:
+        examples = [formats.reinforcement_row(r) for r in rows]
+    try:
+        return Dataset.from_list(examples)
+    except (ValueError, TypeError) as exc:  # pyarrow: a column is a number here, text there…
+        raise JobFailure(
+            "invalid_dataset", f"the rows' fields must have one type each across rows: {exc}"
+        ) from exc
 
 
 def duration(seconds: float) -> str:
@@ -161,7 +194,13 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-SHOWN = (("loss", "loss"), ("reward", "reward"), ("kl", "kl"), ("learning_rate", "lr"))
+SHOWN = (
+    ("loss", "loss"),
+    ("eval_loss", "eval_loss"),
+    ("reward", "reward"),
+    ("kl", "kl"),
+    ("learning_rate", "lr"),
+)
 
 
 def progress_line(step: int, max_steps: int, values: dict, seconds_per_step: float | None) -> str:
@@ -219,6 +258,7 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
             self.last_tokens, self.last_time = None, time.monotonic()
             self.started, self.first_step = time.monotonic(), None
             self.flushing = False  # the next save is the one a preemption notice asked for
+            self.held: dict = {}  # a step's training values, while its evaluation runs
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.started, self.first_step = time.monotonic(), state.global_step
@@ -256,6 +296,12 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
                 values["tokens_per_second"] = (tokens - self.last_tokens) / (now - self.last_time)
             if tokens is not None:
                 self.last_tokens, self.last_time = tokens, now
+            # The control plane keeps one point per step: a step that is evaluated reports its
+            # training values with its eval_* values, in one point, once the evaluation logged.
+            if control.should_evaluate and not any(k.startswith("eval_") for k in values):
+                self.held = values
+                return
+            values, self.held = self.held | values, {}
             if "train_runtime" in values:  # the trainer's summary at the end
                 print(
                     f"[veri] trained {state.global_step} steps in "
@@ -388,9 +434,12 @@ def resumable_grpo(grpo_trainer: type) -> type:
     return ResumableGRPOTrainer
 
 
-def build_trainer(spec: dict, rows: list[dict], events: Events):
+def build_trainer(
+    spec: dict, rows: list[dict], events: Events, eval_rows: list[dict] | None = None
+):
+    """The method's TRL trainer; with `eval_rows` (the validation dataset), it evaluates every
+    `eval_interval` steps (default: at each checkpoint, else every tenth of the steps)."""
     import torch
-    from datasets import Dataset
     from transformers import PrinterCallback
 
     hp, lora, method = spec["hyperparameters"], spec["lora"], spec["method"]
@@ -426,7 +475,18 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
         common["max_steps"] = hp["max_steps"]
     if "epochs" in hp:
         common["num_train_epochs"] = hp["epochs"]
-    dataset = Dataset.from_list(rows)
+    max_length = hp.get("max_seq_length")
+    dataset = trainer_dataset(method, rows, tokenizer, max_length)
+    eval_dataset = None
+    if eval_rows:
+        eval_rows = eval_rows[: hp.get("eval_samples") or len(eval_rows)]
+        eval_dataset = trainer_dataset(method, eval_rows, tokenizer, max_length)
+        common |= {
+            "eval_strategy": "steps",
+            # A float below 1 is a share of all steps, which the trainer works out.
+            "eval_steps": hp.get("eval_interval") or spec.get("checkpoint_every") or 0.1,
+            "per_device_eval_batch_size": micro,
+        }
     recorder = None
     try:
         if method == "grpo":
@@ -445,6 +505,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
                 reward_funcs=load_rewards(spec["reward_source"], recorder),
                 args=config,
                 train_dataset=dataset,
+                eval_dataset=eval_dataset,
                 processing_class=tokenizer,
                 peft_config=peft_config,
             )
@@ -456,6 +517,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
                 model=model,
                 args=config,
                 train_dataset=dataset,
+                eval_dataset=eval_dataset,
                 processing_class=tokenizer,
                 peft_config=peft_config,
             )
@@ -467,6 +529,7 @@ def build_trainer(spec: dict, rows: list[dict], events: Events):
                 model=model,
                 args=config,
                 train_dataset=dataset,
+                eval_dataset=eval_dataset,
                 processing_class=tokenizer,
                 peft_config=peft_config,
             )
@@ -509,8 +572,13 @@ def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     try:
         rows = load_rows(spec)
+        eval_rows = (
+            load_rows(spec, "validation_dataset") if spec.get("validation_dataset") else None
+        )
+        if eval_rows:
+            print(f"[veri] {len(eval_rows)} validation rows", flush=True)
         print(f"[veri] {len(rows)} rows; loading {spec['base_model']}", flush=True)
-        trainer, tokenizer = build_trainer(spec, rows, events)
+        trainer, tokenizer = build_trainer(spec, rows, events, eval_rows)
         trainer.train(resume_from_checkpoint=spec.get("resume_path"))
         if STOP_ASKED.is_set():
             print(f"[veri] stopped at step {trainer.state.global_step}, as asked", flush=True)

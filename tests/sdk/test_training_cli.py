@@ -346,3 +346,22 @@ def test_veri_train_submits_a_decorated_reward_and_detaches(cli, capsys, account
     )
     assert "@training_job" in job.reward_source  # the whole module is the reward source
     assert job.created_at <= timezone.now()
+
+
+def test_a_validation_dataset_from_the_sdk_and_from_a_job_file(cli, capsys, account, tmp_path):
+    client = Client()
+    validation = client.datasets.upload(dataset_file(tmp_path))
+    job_id = submit(client, tmp_path, validation_dataset=validation)  # a Dataset, or its id
+    assert client.training_jobs.get(job_id).data["validation_dataset_id"] == validation.id
+
+    (tmp_path / "valid.jsonl").write_text(json.dumps(GRPO_ROWS[0]) + "\n")
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "job.toml").write_text(
+        'kind = "train"\nbase_model = "tiny/model"\ndataset = "train.jsonl"\n'
+        'validation_dataset = "valid.jsonl"\nmethod = "grpo"\nreward = "reward.py"\n'
+        'gpu_type = "L4-24GB"\n'
+    )
+    code, out, err = cli("run", str(tmp_path / "job.toml"), "--detach", "--no-check", capsys=capsys)
+    assert code == 0, out + err
+    job = TrainingJob.objects.select_related("validation_dataset").latest("created_at")
+    assert (job.validation_dataset.row_count, job.dataset.row_count) == (1, len(GRPO_ROWS))

@@ -26,7 +26,11 @@ def test_uploaded_dataset_is_checked_once_per_method(api_client, settings, local
             "problem": 'needs "text" (a string) or "messages" (a list of {role, content})',
         },
         "dpo": {"line": 1, "problem": 'needs "prompt" (a string or a list of {role, content})'},
-        "grpo": {"line": 1, "problem": 'needs "prompt" (a string or a list of {role, content})'},
+        "grpo": {
+            "line": 1,
+            "problem": 'needs "prompt" (a string or a list of {role, content}) or "messages" '
+            "(ending with a user message)",
+        },
     }
     assert api_client.get(f"/v1/datasets/{dataset['id']}").json()["row_count"] == 2
 

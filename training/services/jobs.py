@@ -168,6 +168,7 @@ class Submission:
     base_model: str
     dataset_id: str
     method: str
+    validation_dataset_id: str | None = None
     reward_source: str = ""
     output_name: str = ""
     hyperparameters: dict = field(default_factory=dict)
@@ -202,25 +203,27 @@ def _check_method(method: str) -> None:
         )
 
 
-def _resolve_dataset(workspace: Workspace, dataset_id: str, method: str) -> Dataset:
+def _resolve_dataset(
+    workspace: Workspace, dataset_id: str, method: str, field: str = "dataset_id"
+) -> Dataset:
+    """The training (or, with `field="validation_dataset_id"`, validation) dataset: the rows of
+    both must fit the method."""
     dataset = Dataset.objects.filter(workspace=workspace, public_id=dataset_id).first()
     if dataset is None:
         raise VeriError(
-            f"No dataset {dataset_id!r} in this workspace.",
-            field="dataset_id",
-            code="invalid_dataset",
+            f"No dataset {dataset_id!r} in this workspace.", field=field, code="invalid_dataset"
         )
     if bad := dataset.first_bad_line.get(method):
         raise VeriError(
             f"Dataset {dataset.public_id} cannot train {method}: line {bad['line']} "
             f"{bad['problem']}.",
-            field="dataset_id",
+            field=field,
             code="invalid_dataset",
         )
     if dataset.source == Dataset.Source.VOLUME and dataset.volume_id is None:
         raise VeriError(
             f"The volume {dataset.volume_name!r} of dataset {dataset.public_id} was deleted.",
-            field="dataset_id",
+            field=field,
             code="invalid_dataset",
         )
     return dataset
@@ -285,12 +288,11 @@ def _check_model_reachable(base_model: str, provider: str) -> None:
 
 
 def _resolve_volumes(
-    workspace: Workspace, names: list[str], dataset: Dataset, base_model: str
+    workspace: Workspace, names: list[str], datasets: list[Dataset], base_model: str
 ) -> list[Volume]:
-    """The volumes to mount: those asked for, plus the dataset's and the base model's own."""
+    """The volumes to mount: those asked for, plus the datasets' and the base model's own."""
     wanted = list(names)
-    if dataset.source == Dataset.Source.VOLUME:
-        wanted.append(dataset.volume.public_id)
+    wanted += [d.volume.public_id for d in datasets if d.source == Dataset.Source.VOLUME]
     if base_model.startswith("volume://"):
         wanted.append(base_model.removeprefix("volume://").split("/", 1)[0])
     mounted: dict[int, Volume] = {}
@@ -406,6 +408,7 @@ class Plan:
     hyperparameters: dict
     lora: dict
     dataset: Dataset
+    validation_dataset: Dataset | None
     volumes: list[Volume]
     provider: str
     region: str
@@ -452,7 +455,13 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
     hyperparameters = specs.validate_hyperparameters(sub.method, sub.hyperparameters)
     lora = specs.validate_lora(sub.lora, gpu_type=sub.gpu_type)
     dataset = _resolve_dataset(workspace, sub.dataset_id, sub.method)
-    volumes = _resolve_volumes(workspace, sub.volumes, dataset, base_model)
+    validation = None
+    if sub.validation_dataset_id:
+        validation = _resolve_dataset(
+            workspace, sub.validation_dataset_id, sub.method, field="validation_dataset_id"
+        )
+    datasets = [dataset, validation] if validation else [dataset]
+    volumes = _resolve_volumes(workspace, sub.volumes, datasets, base_model)
     provider, region, gpu = _resolve_placement(sub, volumes)
     _check_model_reachable(base_model, provider)
     checkpoint = _resolve_checkpoint(workspace, sub.resume_from, sub.method)
@@ -479,6 +488,7 @@ def plan_job(*, workspace: Workspace, submission: Submission) -> Plan:
         hyperparameters=hyperparameters,
         lora=lora,
         dataset=dataset,
+        validation_dataset=validation,
         volumes=volumes,
         provider=provider,
         region=region,
@@ -506,6 +516,7 @@ def submit_job(*, workspace: Workspace, submission: Submission) -> TrainingJob:
             method=sub.method,
             base_model=plan.base_model,
             dataset=plan.dataset,
+            validation_dataset=plan.validation_dataset,
             reward_source=sub.reward_source if sub.method == "grpo" else "",
             output_name=sub.output_name,
             hyperparameters=plan.hyperparameters,
@@ -600,6 +611,7 @@ def _again(job: TrainingJob, *, checkpoint: Checkpoint | None) -> Submission:
     return Submission(
         base_model=job.base_model,
         dataset_id=job.dataset.public_id,
+        validation_dataset_id=job.validation_dataset.public_id if job.validation_dataset else None,
         method=job.method,
         reward_source=job.reward_source,
         output_name=job.output_name,

@@ -446,13 +446,8 @@ def output_urls(
     return answer
 
 
-def build_spec(*, job: TrainingJob) -> dict:
-    """Everything the worker needs to run the job."""
-    store, dataset, ttl = (
-        store_for(job.workspace_prefix),
-        job.dataset,
-        settings.VERI_PRESIGN_TTL_SECONDS,
-    )
+def _dataset_spec(dataset: Dataset, store, ttl: int) -> dict:
+    """Where the worker reads a dataset: a presigned URL, a hub id, or a volume's file."""
     data: dict = {"id": dataset.public_id, "source": dataset.source}
     if dataset.source == Dataset.Source.UPLOAD:
         data["url"] = store.presign_get(dataset.object_key, expires=ttl)
@@ -464,22 +459,33 @@ def build_spec(*, job: TrainingJob) -> dict:
         }
     else:
         data |= {"volume": dataset.volume_name, "path": dataset.path}
+    return data
 
-    def files(checkpoint: Checkpoint) -> dict:
-        return {
-            "checkpoint_id": checkpoint.public_id,
-            "step": checkpoint.step,
-            "files": [
-                {"path": f["path"], "size": f["size"], "url": store.presign_get(key, expires=ttl)}
-                for f, key in checkpoint.file_keys()
-            ],
-        }
 
+def _checkpoint_spec(checkpoint: Checkpoint, store, ttl: int) -> dict:
+    """A checkpoint's files, each with a presigned URL: a run resumes from it, or trains on
+    from its adapter."""
+    return {
+        "checkpoint_id": checkpoint.public_id,
+        "step": checkpoint.step,
+        "files": [
+            {"path": f["path"], "size": f["size"], "url": store.presign_get(key, expires=ttl)}
+            for f, key in checkpoint.file_keys()
+        ],
+    }
+
+
+def build_spec(*, job: TrainingJob) -> dict:
+    """Everything the worker needs to run the job."""
+    store, ttl = store_for(job.workspace_prefix), settings.VERI_PRESIGN_TTL_SECONDS
+    validation = job.validation_dataset
+    resume, adapter = job.resume_from, job.adapter_from
     return {
         "job_id": job.public_id,
         "method": job.method,
         "base_model": job.base_model,
-        "dataset": data,
+        "dataset": _dataset_spec(job.dataset, store, ttl),
+        "validation_dataset": validation and _dataset_spec(validation, store, ttl),
         "reward_source": job.reward_source,
         "output_name": job.output_name,
         "hyperparameters": job.hyperparameters,
@@ -491,8 +497,8 @@ def build_spec(*, job: TrainingJob) -> dict:
         "checkpoint_keep": job.checkpoint_keep,
         "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
         "samples_every": job.samples_every,
-        "resume_from": files(job.resume_from) if job.resume_from else None,
-        "adapter_from": files(job.adapter_from) if job.adapter_from else None,
+        "resume_from": resume and _checkpoint_spec(resume, store, ttl),
+        "adapter_from": adapter and _checkpoint_spec(adapter, store, ttl),
         "attempt": job.attempt,
         "integrations": job.integrations,
         "wandb_mode": settings.VERI_WANDB_MODE,

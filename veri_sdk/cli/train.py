@@ -24,11 +24,13 @@ class BadConfig(Exception):
 
 
 # Each key a TOML job takes, with the types it may have (tomllib's: str, int, float, bool, list,
-# dict). `reward` is a Python file, relative to the TOML; `dataset` as in @training_job.
+# dict). `reward` is a Python file, relative to the TOML; `dataset` and `validation_dataset` as
+# in @training_job.
 TOML_KEYS: dict[str, tuple[type, ...]] = {
     "kind": (str,),
     "base_model": (str,),
     "dataset": (str,),
+    "validation_dataset": (str,),
     "method": (str,),
     "reward": (str,),
     "output_name": (str,),
@@ -91,16 +93,22 @@ def load_toml(path: Path) -> dict:
             raise BadConfig(f"{path}: {key!r} is missing; a job needs {', '.join(REQUIRED)}.")
     if config["kind"] != "train":
         raise BadConfig(f'{path}: kind must be "train"{_line_of(text, "kind")}.')
-    fields = {k: v for k, v in config.items() if k not in {"kind", "dataset", "reward"}}
+    fields = {
+        k: v
+        for k, v in config.items()
+        if k not in {"kind", "dataset", "validation_dataset", "reward"}
+    }
     reward_file = None
     if "reward" in config:
         reward_file = (path.parent / config["reward"]).resolve()
         if not reward_file.is_file():
             raise BadConfig(f"{path}: reward file {reward_file} does not exist.")
         fields["reward_source"] = reward_file.read_text(encoding="utf-8")
+    validation = config.get("validation_dataset")
     return {
         "fields": fields,
         "dataset": _relative(config["dataset"], path.parent),
+        "validation_dataset": validation and _relative(validation, path.parent),
         "reward_file": reward_file,
     }
 
@@ -120,9 +128,15 @@ def load_decorated(path: Path) -> dict:
         )
     config = dict(getattr(marked[0], JOB_ATTRIBUTE))
     dataset = _relative(config.pop("dataset"), path.parent)
+    validation = config.pop("validation_dataset", None)
     fields = {k: v for k, v in config.items() if v is not None}
     fields["reward_source"] = path.read_text(encoding="utf-8")
-    return {"fields": fields, "dataset": dataset, "reward_file": path}
+    return {
+        "fields": fields,
+        "dataset": dataset,
+        "validation_dataset": validation and _relative(validation, path.parent),
+        "reward_file": path,
+    }
 
 
 def _relative(dataset: str, base: Path) -> str:
@@ -137,6 +151,14 @@ def load_job(path: str) -> dict:
     if not file.is_file():
         raise BadConfig(f"{path} does not exist.")
     return load_toml(file) if file.suffix == ".toml" else load_decorated(file)
+
+
+def resolved_datasets(client, job: dict) -> dict:
+    """The submit fields naming the job's datasets, each uploaded or connected first if needed."""
+    ids = {"dataset_id": resolve_dataset(client, job["dataset"])}
+    if job.get("validation_dataset"):
+        ids["validation_dataset_id"] = resolve_dataset(client, job["validation_dataset"])
+    return ids
 
 
 def resolve_dataset(client, dataset: str) -> str:
@@ -233,7 +255,7 @@ def _submit(args, client, job: dict) -> int:
         if not report_check(check_reward(job["reward_file"], job["dataset"], 16)):
             err.print("Not submitted: fix the reward (or pass --no-check).")
             return 1
-    fields["dataset_id"] = resolve_dataset(client, job["dataset"])
+    fields |= resolved_datasets(client, job)
     submitted = client.training_jobs.create(**fields)
     out.print(f"Submitted {submitted.id} ({submitted.status}).")
     if args.detach:
@@ -258,7 +280,7 @@ def cmd_run(args, client) -> int:
 
 def cmd_jobs_quote(args, client) -> int:
     job = load_job(args.file)
-    fields = dict(job["fields"], dataset_id=resolve_dataset(client, job["dataset"]))
+    fields = dict(job["fields"], **resolved_datasets(client, job))
     quote = client.training_jobs.quote(**fields)
     if args.json:
         print(json.dumps(quote, indent=2))
