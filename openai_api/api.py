@@ -86,6 +86,10 @@ class FileView(OpenAIView):
 
 @SCHEMA
 class FileContentView(OpenAIView):
+    def perform_content_negotiation(self, request, force=False):
+        # The client asks for `application/binary`: the bytes go back whatever it accepts.
+        return super().perform_content_negotiation(request, force=True)
+
     def get(self, request: Request, file_id: str) -> HttpResponse:
         file = selectors.get_file(workspace=self.workspace, file_id=file_id)
         kind = "text/csv" if file.purpose == File.Purpose.FINE_TUNE_RESULTS else None

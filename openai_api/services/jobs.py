@@ -113,6 +113,9 @@ def translate_hyperparameters(kind: str, given: dict, *, rows: int) -> tuple[dic
     veri: dict = {}
     if "learning_rate_multiplier" in given:
         veri["learning_rate"] = defaults["learning_rate"] * given["learning_rate_multiplier"]
+    for name in ("eval_interval", "eval_samples"):
+        if name in given:
+            veri[name] = given[name]
     if method == "grpo":
         rollouts = DEFAULT_ROLLOUTS
         if "compute_multiplier" in given:
@@ -129,9 +132,6 @@ def translate_hyperparameters(kind: str, given: dict, *, rows: int) -> tuple[dic
         veri["batch_size"] = given["batch_size"]
     if "beta" in given:
         veri["beta"] = given["beta"]
-    for name in ("eval_interval", "eval_samples"):
-        if name in given and name in specs.HYPERPARAMETERS:
-            veri[name] = given[name]
     return veri, _steps_per_epoch(rows, veri.get("batch_size", defaults["batch_size"]))
 
 
