@@ -432,8 +432,13 @@ def job_ended(job: TrainingJob) -> None:
     """Training's hook, in the transaction that ended `job`: the face's webhook for the jobs it
     started (a pause ends a run but not the fine-tuning job)."""
     ft = FineTuningJob.objects.filter(job=job).select_related("workspace").first()
-    if ft is None or ft.paused:
+    if ft is None:
         return
+    if ft.paused:
+        if job.status == JobStatus.CANCELLED:
+            return  # the pause, as asked: the job waits for its resume
+        # The run finished (or failed) before the pause reached it: that is how the job ends.
+        FineTuningJob.objects.filter(pk=ft.pk).update(paused=False)
     publish(workspace=ft.workspace, event_type=ENDED[job.status], data={"id": ft.public_id})
 
 

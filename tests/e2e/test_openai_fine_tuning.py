@@ -44,6 +44,13 @@ def two_turns(first_weight: int) -> list[dict]:
     ]
 
 
+def log_of(api_client, veri_job_id: str) -> str:
+    """The Veri job's status and the tail of its log, for a failed wait's message."""
+    job = api_client.get(f"/v1/training_jobs/{veri_job_id}").json()
+    lines = api_client.get(f"/v1/training_jobs/{veri_job_id}/logs").json()["lines"]
+    return f"{job['status']} {job['error']}\n" + "\n".join(line["text"] for line in lines[-40:])
+
+
 def wait_for_status(client, job_id: str, wanted: set[str], timeout: float = 300):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -125,7 +132,11 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
     assert [job.status for job in done] == ["succeeded", "succeeded"], [j.error for j in done]
     job = done[0]
     assert job.fine_tuned_model.startswith("ft:volume/models/tiny:acme:fruit:")
-    assert job.finished_at and job.model_extra["veri_cost_usd"]
+    assert job.finished_at
+    deadline = time.monotonic() + 60  # the cost is attributed as the job is settled
+    while not client.fine_tuning.jobs.retrieve(job.id).model_extra["veri_cost_usd"]:
+        assert time.monotonic() < deadline, "no cost on the job"
+        time.sleep(0.5)
 
     # Every event, through the client's auto-pagination: status changes and each step's metrics.
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=3)]
@@ -200,7 +211,7 @@ RL = {
     "lora": FAST_LORA,
     "hyperparameters": {"max_steps": 40, "max_response_length": 16, "kl_coef": 0.0},
 }
-RL_HYPERPARAMETERS = {"batch_size": 2, "learning_rate_multiplier": 1000}
+RL_HYPERPARAMETERS = {"batch_size": 2, "learning_rate_multiplier": 2000}
 
 
 def test_dpo_and_reinforcement_with_graders_learn(
@@ -226,6 +237,7 @@ def test_dpo_and_reinforcement_with_graders_learn(
         name: client.fine_tuning.jobs.create(
             model=TINY,
             training_file=prompts.id,
+            seed=42,
             method={
                 "type": "reinforcement",
                 "reinforcement": {"grader": grader, "hyperparameters": RL_HYPERPARAMETERS},
@@ -270,7 +282,11 @@ def test_pause_resume_and_cancel(
     job = client.fine_tuning.jobs.create(
         model=TINY,
         training_file=rows.id,
-        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 50}}},
+        # 1,600 steps: far more than the 30 s a pause takes to reach the worker (its heartbeat).
+        method={
+            "type": "supervised",
+            "supervised": {"hyperparameters": {"n_epochs": 50, "batch_size": 1}},
+        },
         extra_body={"veri": FAST},
     )
     first_run = job.model_extra["veri_job_id"]
@@ -286,7 +302,7 @@ def test_pause_resume_and_cancel(
             resumed = client.fine_tuning.jobs.resume(job.id)
             break
         except openai.ConflictError:
-            assert time.monotonic() < deadline, "the paused run did not stop"
+            assert time.monotonic() < deadline, log_of(api_client, first_run)
             time.sleep(0.5)
     paused_at = max(c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id))
     assert resumed.status in {"queued", "running"}
