@@ -330,14 +330,9 @@ class Runner:
         self.work.mkdir(parents=True, exist_ok=True)
         self.work.chmod(0o755)  # read by the training's user; written by the runner only
         job = dict(spec, output_dir=str(self.home / "output"), final_dir=str(self.home / "final"))
-        data = dict(spec["dataset"])
-        if data["source"] == "upload":
-            target = self.work / "dataset.jsonl"
-            self.fetch(data["url"], target)
-            data["local_path"] = str(target)
-        elif data["source"] == "volume":
-            data["local_path"] = str(mounts[data["volume"]] / data["path"])
-        job["dataset"] = data
+        for key in ("dataset", "validation_dataset"):
+            if spec.get(key):
+                job[key] = self.local_dataset(spec[key], mounts, self.work / f"{key}.jsonl")
         base = spec["base_model"]
         if base.startswith("volume://"):
             name, _, path = base.removeprefix("volume://").partition("/")
@@ -360,6 +355,17 @@ class Runner:
             self.home, sandbox.training_uid(self.job_id) if sandbox.isolated() else None
         )
         return job
+
+    def local_dataset(self, data: dict, mounts: dict, target: Path) -> dict:
+        """A dataset's spec with the `local_path` the training reads: an upload fetched to
+        `target`, a volume's file on its mount (a hub dataset is loaded by the training)."""
+        data = dict(data)
+        if data["source"] == "upload":
+            self.fetch(data["url"], target)
+            data["local_path"] = str(target)
+        elif data["source"] == "volume":
+            data["local_path"] = str(mounts[data["volume"]] / data["path"])
+        return data
 
     def fetch(self, url: str, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ METHODS = {"supervised": "sft_text", "dpo": "dpo", "reinforcement": "grpo"}
 HYPERPARAMETERS = {
     "n_epochs": (("supervised", "dpo", "reinforcement"), int, 1, 50),
     "batch_size": (("supervised", "dpo", "reinforcement"), int, 1, 256),
-    "learning_rate_multiplier": (("supervised", "dpo", "reinforcement"), float, 0, 1000),
+    "learning_rate_multiplier": (("supervised", "dpo", "reinforcement"), float, 0, 10_000),
     "beta": (("dpo",), float, 0, 2),
     "compute_multiplier": (("reinforcement",), float, 0, 10),
     "eval_interval": (("reinforcement", "supervised", "dpo"), int, 1, 1_000_000),
