@@ -419,7 +419,7 @@ def _grade(grader: dict, sample: dict, item: dict, sub_rewards: dict) -> float:
     formula = _parse_formula(grader["calculate_output"], set(graders), "calculate_output")
     try:
         reward = _evaluate(formula, sub_rewards)
-    except (ArithmeticError, ValueError) as exc:
+    except (ArithmeticError, ValueError, RecursionError) as exc:  # 1024 characters nest deep
         raise _Failure("other_error", f"calculate_output failed: {exc}.") from None
     if not math.isfinite(reward):
         raise _Failure("other_error", f"calculate_output gave {reward}.")
