@@ -326,13 +326,18 @@ def get_job(*, workspace: Workspace, job_id: str) -> FineTuningJob:
 
 
 def cancel(*, ft: FineTuningJob) -> FineTuningJob:
-    job = ft.job
-    if ft.paused and job.status == JobStatus.CANCELLED:
+    """A paused job, or one whose pause is still saving (its run stops now, charged as any
+    cancel of a running job), is cancelled for good: no longer paused, so never resumed."""
+    if not (ft.paused and ft.job.status == JobStatus.CANCELLED):
+        training_jobs.cancel_job(job=ft.job)
+    if ft.paused:
         with transaction.atomic():
-            FineTuningJob.objects.filter(pk=ft.pk).update(paused=False)
-            publish(workspace=ft.workspace, event_type=ENDED[job.status], data={"id": ft.public_id})
-    else:
-        training_jobs.cancel_job(job=job)
+            if FineTuningJob.objects.filter(pk=ft.pk, paused=True).update(paused=False):
+                publish(
+                    workspace=ft.workspace,
+                    event_type=ENDED[JobStatus.CANCELLED],
+                    data={"id": ft.public_id},
+                )
     return get_job(workspace=ft.workspace, job_id=ft.public_id)
 
 
@@ -430,10 +435,15 @@ ENDED = {
 
 def job_ended(job: TrainingJob) -> None:
     """Training's hook, in the transaction that ended `job`: the face's webhook for the jobs it
-    started (a pause ends a run but not the fine-tuning job)."""
+    started (a pause ends a run, cancelled, but not the fine-tuning job)."""
     ft = FineTuningJob.objects.filter(job=job).select_related("workspace").first()
-    if ft is None or ft.paused:
+    if ft is None:
         return
+    if ft.paused:
+        if job.status == JobStatus.CANCELLED:
+            return
+        # The run completed or failed before its pause stopped it: that is how the job ended.
+        FineTuningJob.objects.filter(pk=ft.pk).update(paused=False)
     publish(workspace=ft.workspace, event_type=ENDED[job.status], data={"id": ft.public_id})
 
 

@@ -15,6 +15,7 @@ from openai_api.models import FineTuningJob
 from tests.conftest import client_for, fill_volume
 from tests.openai_api.conftest import CHAT_ROWS, jsonl, openai_client
 from training.models import Checkpoint, TrainingJob
+from training.services import worker
 from veri import services as veri_services
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -320,3 +321,47 @@ def test_metadata_keys_are_matched_as_keys_not_lookups(
         response = http.get(f"/fine_tuning/jobs?{query}")
         assert response.status_code == 200, (query, response.text[:300])
         assert [j["id"] for j in response.json()["data"]] == found, query
+
+
+@pytest.fixture
+def running(live_server, workspace, api_client, tiny_model):
+    """A fine-tuning job whose Veri job is training (as a worker would have started it)."""
+    open_billing_account(workspace=workspace, credit_micros=100_000_000)
+    fill_volume(
+        workspace,
+        "models",
+        {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir() if p.is_file()},
+    )
+    client = openai_client(live_server, api_client.raw_key)
+    file = client.files.create(file=("chat.jsonl", jsonl(CHAT_ROWS)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model=TINY, training_file=file.id)
+    ft = FineTuningJob.objects.get(public_id=job.id)
+    TrainingJob.objects.filter(pk=ft.job_id).update(status="running", started_at=timezone.now())
+    return client, job.id, ft.job
+
+
+def test_a_run_that_completes_while_its_pause_is_saving_succeeds(running):
+    client, job_id, job = running
+    assert client.fine_tuning.jobs.pause(job_id).status == "paused"
+    worker.complete(job=job, ok=True, error_code=None, message="")  # it reached its last step
+    done = client.fine_tuning.jobs.retrieve(job_id)
+    assert done.status == "succeeded" and done.fine_tuned_model and done.finished_at
+    assert client.models.retrieve(done.fine_tuned_model).id == done.fine_tuned_model
+
+
+def test_a_run_that_fails_while_its_pause_is_saving_fails(running):
+    client, job_id, job = running
+    client.fine_tuning.jobs.pause(job_id)
+    worker.complete(job=job, ok=False, error_code="training_error", message="boom")
+    assert client.fine_tuning.jobs.retrieve(job_id).status == "failed"
+    with pytest.raises(openai.ConflictError):
+        client.fine_tuning.jobs.resume(job_id)
+
+
+def test_a_cancel_while_the_pause_is_saving_cancels_for_good(running):
+    client, job_id, job = running
+    client.fine_tuning.jobs.pause(job_id)
+    assert client.fine_tuning.jobs.cancel(job_id).status == "cancelled"
+    with pytest.raises(openai.ConflictError):
+        client.fine_tuning.jobs.resume(job_id)
+    assert TrainingJob.objects.get(pk=job.pk).cost_waived is False  # it ran: it is charged
