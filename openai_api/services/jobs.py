@@ -359,7 +359,9 @@ def pause(*, ft: FineTuningJob) -> FineTuningJob:
 def resume(*, ft: FineTuningJob) -> FineTuningJob:
     """The next Veri job continues from the paused one's newest checkpoint (from the start when
     it was paused before saving one)."""
-    ft = FineTuningJob.objects.select_for_update().select_related("job").get(pk=ft.pk)
+    # Locked alone: a join would be re-checked against the job a concurrent resume replaced
+    # (PostgreSQL), and the waiting resume would find no row.
+    ft = FineTuningJob.objects.select_for_update().get(pk=ft.pk)
     if not ft.paused:
         raise Conflict(f"Fine-tuning job {ft.public_id} is not paused.", code="job_not_paused")
     if ft.job.status != JobStatus.CANCELLED:

@@ -4,6 +4,7 @@ API process, and malformed requests are answered in OpenAI's error shape."""
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -365,3 +366,18 @@ def test_a_cancel_while_the_pause_is_saving_cancels_for_good(running):
     with pytest.raises(openai.ConflictError):
         client.fine_tuning.jobs.resume(job_id)
     assert TrainingJob.objects.get(pk=job.pk).cost_waived is False  # it ran: it is charged
+
+
+def test_concurrent_resumes_start_one_run(live_server, api_client, running):
+    client, job_id, job = running
+    TrainingJob.objects.filter(pk=job.pk).update(status="queued")  # pausing it cancels at once
+    assert client.fine_tuning.jobs.pause(job_id).status == "paused"
+    http = http_for(live_server, api_client)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(lambda _: http.post(f"/fine_tuning/jobs/{job_id}/resume"), range(8))
+        )
+    assert sorted(r.status_code for r in answers) == [200] + [409] * 7
+    ft = FineTuningJob.objects.get(public_id=job_id)
+    assert ft.earlier_jobs.count() == 1
+    assert TrainingJob.objects.filter(workspace=ft.workspace).count() == 2
