@@ -283,6 +283,8 @@ def test_malformed_requests_are_4xx_in_openai_shape(live_server, api_client):
         ("GET", "/models/" + "ft:" + "a:" * 100, {}),
         ("GET", "/models/ft:x:y::abcdefghijklmnopqrstuvwx:ckpt-step-99999999999", {}),
         ("POST", "/fine_tuning/jobs/nope/pause", {}),
+        ("GET", "/fine_tuning/jobs/nope/nothing", {}),
+        ("GET", "/files?after=%00", {}),
     ]:
         headers = (
             {} if "files" in kwargs or "data" in kwargs else {"Content-Type": "application/json"}
