@@ -341,6 +341,13 @@ def check_grader(grader: dict, *, at: str = "grader") -> None:
         )
 
 
+def runs_code(grader: dict) -> bool:
+    """Whether scoring `grader` runs customer code (a python grader, or a multi holding one)."""
+    if grader.get("type") == "multi":
+        return any(runs_code(sub) for sub in _sub_graders(grader, "grader").values())
+    return grader.get("type") == "python"
+
+
 # --- scoring
 
 
