@@ -383,3 +383,43 @@ def test_concurrent_resumes_start_one_run(live_server, api_client, running):
     ft = FineTuningJob.objects.get(public_id=job_id)
     assert ft.earlier_jobs.count() == 1
     assert TrainingJob.objects.filter(workspace=ft.workspace).count() == 2
+
+
+def test_webhook_and_secret_routes_refuse_odd_bodies_never_a_500(live_server, api_client, settings):
+    settings.VERI_WEBHOOKS_ALLOW_PRIVATE = False  # as in production
+    http = http_for(live_server, api_client)
+    wrong = []
+    for method, path, body in [
+        *(("PUT", "/secrets/TOKEN", {"value": v}) for v in ODD),
+        *(("PUT", f"/secrets/{name}", {"value": "v"}) for name in ("A" * 100, "é", "a b", "..")),
+        *(("POST", "/webhook_endpoints", {"url": v}) for v in ODD),
+        *(
+            ("POST", "/webhook_endpoints", {"url": "https://example.com/h", key: v})
+            for key in ("event_types", "description")
+            for v in ODD
+        ),
+        *(("POST", "/webhook_endpoints", {"url": u}) for u in URLS),
+    ]:
+        response = http.request(method, path, json=body)
+        if response.status_code >= 500 or (
+            response.status_code >= 400 and "error" not in response.json()
+        ):
+            wrong.append((method, path[:60], str(body)[:80], response.status_code))
+    assert wrong == [], "\n".join(map(str, wrong))
+    for url in URLS:
+        response = http.post("/webhook_endpoints", json={"url": url})
+        assert response.status_code == 400, (url, response.text[:200])
+
+
+ODD = [None, 0, 2**70, 1.5, "", "x" * 100_000, [], [1], {}, {"a": []}, True, "\x00"]
+URLS = [
+    "http://127.0.0.1:5432/",
+    "http://[::1]/",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://0x7f000001/",
+    "http://2130706433/",
+    "http://localhost./",
+    "https://exa mple.com/",
+    "https://example.com:99999/",
+    "file:///etc/passwd",
+]
