@@ -344,14 +344,17 @@ def cancel(*, ft: FineTuningJob) -> FineTuningJob:
 def pause(*, ft: FineTuningJob) -> FineTuningJob:
     if ft.paused:
         return ft
-    if ft.job.is_terminal:
-        raise Conflict(
-            f"Fine-tuning job {ft.public_id} is {ft.job.status}; only a running job pauses.",
-            code="job_finished",
-        )
     with transaction.atomic():
+        # The job's row locked and read again: a run that ended since the request read it (its
+        # end holds this lock) is not paused, or its model would be hidden for good.
+        job = TrainingJob.objects.select_for_update().get(pk=ft.job_id)
+        if job.is_terminal:
+            raise Conflict(
+                f"Fine-tuning job {ft.public_id} is {job.status}; only a running job pauses.",
+                code="job_finished",
+            )
         FineTuningJob.objects.filter(pk=ft.pk).update(paused=True)
-        stops.pause_job(job=ft.job, now=timezone.now())
+        stops.pause_job(job=job, now=timezone.now())
     return get_job(workspace=ft.workspace, job_id=ft.public_id)
 
 

@@ -13,11 +13,13 @@ from django.utils import timezone
 
 from billing.services import open_billing_account
 from openai_api.models import FineTuningJob
+from openai_api.services import jobs as job_services
 from tests.conftest import client_for, fill_volume
 from tests.openai_api.conftest import CHAT_ROWS, jsonl, openai_client
 from training.models import Checkpoint, TrainingJob
 from training.services import worker
 from veri import services as veri_services
+from veri.errors import Conflict
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TINY = "volume://models/tiny"
@@ -423,3 +425,16 @@ URLS = [
     "https://example.com:99999/",
     "file:///etc/passwd",
 ]
+
+
+def test_a_pause_read_before_the_run_completed_does_not_hide_the_model(running):
+    """The pause request read its job while training; the worker's completion committed before
+    the pause wrote: the job stays succeeded and its model listed."""
+    client, job_id, job = running
+    read_by_the_pause = job_services.get_job(workspace=job.workspace, job_id=job_id)
+    worker.complete(job=job, ok=True, error_code=None, message="")
+    with pytest.raises(Conflict):
+        job_services.pause(ft=read_by_the_pause)
+    done = client.fine_tuning.jobs.retrieve(job_id)
+    assert done.status == "succeeded"
+    assert client.models.retrieve(done.fine_tuned_model).id == done.fine_tuned_model
