@@ -30,9 +30,8 @@ def jobs_of(*, workspace: Workspace) -> QuerySet[FineTuningJob]:
 
 def list_jobs(*, workspace: Workspace, metadata: dict[str, str]) -> QuerySet[FineTuningJob]:
     jobs = jobs_of(workspace=workspace)
-    for key, value in metadata.items():
-        jobs = jobs.filter(**{f"metadata__{key}": value})
-    return jobs
+    # Containment, not a lookup per key: a key is the customer's data (`a__regex` is a key).
+    return jobs.filter(metadata__contains=metadata) if metadata else jobs
 
 
 def runs(*, ft: FineTuningJob) -> list[TrainingJob]:

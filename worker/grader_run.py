@@ -36,6 +36,7 @@ PROCESSES = 64  # threads count too: enough for numpy's, not for a fork bomb
 FILE_BYTES = 64 * 1024 * 1024
 OUTPUT = 1024 * 1024
 LOG = 4096  # the tail of its stderr kept for an error's details
+UNSANDBOXED = "VERI_GRADERS_UNSANDBOXED"
 
 
 def _failed(flag: str, message: str, **details: str) -> dict:
@@ -117,9 +118,24 @@ def _checked_result(output: bytes) -> dict | None:
     return {"reward": float(reward), "sub_rewards": subs, "errors": errors, "error": error}
 
 
+def _unsandboxed_code(grader: dict) -> str | None:
+    """Why a grader's code may not run here: the control plane serves every workspace, and a
+    child run as its own user without the sandbox could read its environment and files (the
+    parent's /proc/<pid>/environ: the secret key, the database's password) and reach its
+    network. Development machines opt in with VERI_GRADERS_UNSANDBOXED=1."""
+    if not graders.runs_code(grader) or sandbox.isolated():
+        return None
+    if os.environ.get(UNSANDBOXED) == "1":
+        return None
+    return (
+        "the control plane does not run as root, so a grader's code could not be kept away "
+        f"from its secrets (set {UNSANDBOXED}=1 on a development machine only)"
+    )
+
+
 def run(grader: dict, *, sample: dict, item: dict, timeout: float) -> dict:
     """worker.graders.run_isolated's work, for a checked grader: this module as a child."""
-    if problem := sandbox.missing_sandbox():
+    if problem := sandbox.missing_sandbox() or _unsandboxed_code(grader):
         return _failed(
             "python_grader_server_error",
             f"Python graders cannot run here: {problem}.",

@@ -6,10 +6,10 @@ Where each kind runs, and why:
   that call `score` on every completion inside the training process, which the worker already
   runs sandboxed as customer code (worker/sandbox.py). A `python` grader's `source` runs there,
   exactly where and how a Veri reward function runs.
-- `POST /v1/fine_tuning/alpha/graders/run` goes through `run_response`: graders without code are
-  scored in the API process with `score` (templates, string comparisons, metrics and the `multi`
-  formula are data, never evaluated as code); a grader with a `python` part is scored by
-  `run_isolated`, in a child process (`python -m worker.grader_run`) in the same sandbox as the
+- `POST /v1/fine_tuning/alpha/graders/run` goes through `run_response`: every grader is scored by
+  `run_isolated` (a grader without code runs none, but its templates multiply the item and its
+  metrics are quadratic in the texts: a request's worth of either would hold or exhaust the API
+  process), in a child process (`python -m worker.grader_run`) in the same sandbox as the
   training process when the control plane runs as root (its own user id, no network, only the
   system, Python and the worker package visible), always with an empty environment, a wall-clock
   timeout, memory, CPU, file-size and output limits. Customer code never runs in the API process.
@@ -419,7 +419,7 @@ def _grade(grader: dict, sample: dict, item: dict, sub_rewards: dict) -> float:
     formula = _parse_formula(grader["calculate_output"], set(graders), "calculate_output")
     try:
         reward = _evaluate(formula, sub_rewards)
-    except (ArithmeticError, ValueError) as exc:
+    except (ArithmeticError, ValueError, RecursionError) as exc:  # 1024 characters nest deep
         raise _Failure("other_error", f"calculate_output failed: {exc}.") from None
     if not math.isfinite(reward):
         raise _Failure("other_error", f"calculate_output gave {reward}.")
@@ -456,14 +456,11 @@ def score(grader: dict, *, sample: dict, item: dict) -> dict:
 
 
 def run_response(grader: dict, sample: dict, item: dict, *, timeout: float = 10.0) -> dict:
-    """OpenAI's GraderRunResponse for `grader` on `sample` and `item`: scored in this process
-    unless the grader runs code, then in `run_isolated`'s sandboxed child."""
+    """OpenAI's GraderRunResponse for `grader` on `sample` and `item`, scored in `run_isolated`'s
+    sandboxed child, within its time and memory limits."""
     check_grader(grader)
     started = time.monotonic()
-    if runs_code(grader):
-        result = run_isolated(grader, sample=sample, item=item, timeout=timeout)
-    else:
-        result = score(grader, sample=sample, item=item)
+    result = run_isolated(grader, sample=sample, item=item, timeout=timeout)
     return {
         "reward": result["reward"],
         "metadata": {

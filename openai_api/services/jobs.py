@@ -326,27 +326,35 @@ def get_job(*, workspace: Workspace, job_id: str) -> FineTuningJob:
 
 
 def cancel(*, ft: FineTuningJob) -> FineTuningJob:
-    job = ft.job
-    if ft.paused and job.status == JobStatus.CANCELLED:
+    """A paused job, or one whose pause is still saving (its run stops now, charged as any
+    cancel of a running job), is cancelled for good: no longer paused, so never resumed."""
+    if not (ft.paused and ft.job.status == JobStatus.CANCELLED):
+        training_jobs.cancel_job(job=ft.job)
+    if ft.paused:
         with transaction.atomic():
-            FineTuningJob.objects.filter(pk=ft.pk).update(paused=False)
-            publish(workspace=ft.workspace, event_type=ENDED[job.status], data={"id": ft.public_id})
-    else:
-        training_jobs.cancel_job(job=job)
+            if FineTuningJob.objects.filter(pk=ft.pk, paused=True).update(paused=False):
+                publish(
+                    workspace=ft.workspace,
+                    event_type=ENDED[JobStatus.CANCELLED],
+                    data={"id": ft.public_id},
+                )
     return get_job(workspace=ft.workspace, job_id=ft.public_id)
 
 
 def pause(*, ft: FineTuningJob) -> FineTuningJob:
     if ft.paused:
         return ft
-    if ft.job.is_terminal:
-        raise Conflict(
-            f"Fine-tuning job {ft.public_id} is {ft.job.status}; only a running job pauses.",
-            code="job_finished",
-        )
     with transaction.atomic():
+        # The job's row locked and read again: a run that ended since the request read it (its
+        # end holds this lock) is not paused, or its model would be hidden for good.
+        job = TrainingJob.objects.select_for_update().get(pk=ft.job_id)
+        if job.is_terminal:
+            raise Conflict(
+                f"Fine-tuning job {ft.public_id} is {job.status}; only a running job pauses.",
+                code="job_finished",
+            )
         FineTuningJob.objects.filter(pk=ft.pk).update(paused=True)
-        stops.pause_job(job=ft.job, now=timezone.now())
+        stops.pause_job(job=job, now=timezone.now())
     return get_job(workspace=ft.workspace, job_id=ft.public_id)
 
 
@@ -354,7 +362,9 @@ def pause(*, ft: FineTuningJob) -> FineTuningJob:
 def resume(*, ft: FineTuningJob) -> FineTuningJob:
     """The next Veri job continues from the paused one's newest checkpoint (from the start when
     it was paused before saving one)."""
-    ft = FineTuningJob.objects.select_for_update().select_related("job").get(pk=ft.pk)
+    # Locked alone: a join would be re-checked against the job a concurrent resume replaced
+    # (PostgreSQL), and the waiting resume would find no row.
+    ft = FineTuningJob.objects.select_for_update().get(pk=ft.pk)
     if not ft.paused:
         raise Conflict(f"Fine-tuning job {ft.public_id} is not paused.", code="job_not_paused")
     if ft.job.status != JobStatus.CANCELLED:
@@ -430,7 +440,7 @@ ENDED = {
 
 def job_ended(job: TrainingJob) -> None:
     """Training's hook, in the transaction that ended `job`: the face's webhook for the jobs it
-    started (a pause ends a run but not the fine-tuning job)."""
+    started (a pause ends a run, cancelled, but not the fine-tuning job)."""
     ft = FineTuningJob.objects.filter(job=job).select_related("workspace").first()
     if ft is None:
         return
@@ -443,9 +453,9 @@ def job_ended(job: TrainingJob) -> None:
 
 
 def run_grader(*, grader: dict, model_sample: str, item: dict) -> dict:
-    """Score one sample as training would (`worker.graders.score`): a grader holding python
-    code in a sandboxed child process (customer code never runs in the API process), every
-    other grader here."""
+    """Score one sample as training would (`worker.graders.score`), in a sandboxed child
+    process with a time and memory limit: customer code never runs in the API process, and a
+    costly metric or template cannot hold it."""
     return graders.run_response(grader, graders.sample_for(model_sample), item)
 
 

@@ -192,13 +192,13 @@ def test_supervised_job_from_file_to_a_loadable_model_with_its_webhook(
 
     # The webhook, as OpenAI sends it: the client's own unwrap verifies the signature.
     deadline = time.monotonic() + 60
-    while len(Receiver.got) < 2 and time.monotonic() < deadline:
+    while len(Receiver.got) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)
     received = {}
     for headers, body in Receiver.got:
         event = client.webhooks.unwrap(body, headers, secret=endpoint["signing_secret"])
         received[event.data.id] = event.type
-    assert received == {j.id: "fine_tuning.job.succeeded" for j in jobs}
+    assert received == {j.id: "fine_tuning.job.succeeded" for j in [*jobs, again]}
     headers, body = Receiver.got[0]
     with pytest.raises(openai.InvalidWebhookSignatureError):
         client.webhooks.unwrap(body, headers, secret="whsec_" + "A" * 32)
@@ -288,12 +288,14 @@ def test_pause_resume_and_cancel(
     job = client.fine_tuning.jobs.create(
         model=TINY,
         training_file=rows.id,
-        # 1,600 steps: far more than the 30 s a pause takes to reach the worker (its heartbeat).
         method={
             "type": "supervised",
-            "supervised": {"hyperparameters": {"n_epochs": 50, "batch_size": 1}},
+            "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 1}},
         },
-        extra_body={"veri": FAST},
+        # Far longer than the 30 s a pause takes to reach the worker (its next heartbeat).
+        extra_body={
+            "veri": FAST | {"hyperparameters": {"max_seq_length": 64, "max_steps": 20_000}}
+        },
     )
     first_run = job.model_extra["veri_job_id"]
     wait_for_status(client, job.id, {"running"})
