@@ -50,6 +50,7 @@ VERI_OPTIONS = (
     "max_cost_usd",
     "lora",
     "hyperparameters",
+    "checkpoint_every",
 )
 DEFAULT_ROLLOUTS = specs.DEFAULTS["grpo"]["rollouts_per_prompt"]
 DEFAULT_PROMPTS_PER_STEP = specs.DEFAULTS["grpo"]["batch_size"] // DEFAULT_ROLLOUTS
@@ -256,7 +257,7 @@ def _submission(
         gpu_count=options.get("gpu_count", 1),
         provider=options.get("provider"),
         region=options.get("region"),
-        checkpoint_every=per_epoch,
+        checkpoint_every=options.get("checkpoint_every", per_epoch),
         checkpoint_keep=CHECKPOINTS_KEPT,
         max_cost_usd=options.get("max_cost_usd"),
     )
