@@ -277,6 +277,9 @@ def test_dpo_and_reinforcement_with_graders_learn(
     assert any("rewards/margins" in m for m in metrics_events(client, dpo.id))
 
 
+LONG = {"max_seq_length": 64, "max_steps": 20_000}
+
+
 def test_pause_resume_and_cancel(
     platform,  # noqa: F811
     live_server,
@@ -293,9 +296,7 @@ def test_pause_resume_and_cancel(
             "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 1}},
         },
         # Far longer than the 30 s a pause takes to reach the worker (its next heartbeat).
-        extra_body={
-            "veri": FAST | {"hyperparameters": {"max_seq_length": 64, "max_steps": 20_000}}
-        },
+        extra_body={"veri": FAST | {"hyperparameters": LONG, "checkpoint_every": 500}},
     )
     first_run = job.model_extra["veri_job_id"]
     wait_for_status(client, job.id, {"running"})
