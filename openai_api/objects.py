@@ -1,6 +1,8 @@
 """Veri's records in OpenAI's object shapes: files, fine-tuning jobs, their events and
 checkpoints, models. Veri's own extras ride under `veri_…` names OpenAI does not use."""
 
+import csv
+import io
 import re
 from datetime import datetime
 
@@ -158,15 +160,41 @@ def _message(event: JobEvent) -> str:
     return message
 
 
+# OpenAI's metric names for what TRL logs (events, checkpoints and the result file use them).
+OPENAI_METRICS = {
+    "train_loss": "loss",
+    "train_mean_token_accuracy": "mean_token_accuracy",
+    "valid_loss": "eval_loss",
+    "valid_mean_token_accuracy": "eval_mean_token_accuracy",
+}
+
+
+def openai_metrics(values: dict) -> dict:
+    return {
+        theirs: values[ours]
+        for theirs, ours in OPENAI_METRICS.items()
+        if isinstance(values.get(ours), int | float)
+    }
+
+
+def results_csv(points: dict[int, dict]) -> bytes:
+    """Each step's metrics ({step: values}) as OpenAI's result file has them: its columns
+    first, then every other value Veri logged."""
+    extra = sorted({k for values in points.values() for k in values} - set(OPENAI_METRICS.values()))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["step", *OPENAI_METRICS, *extra])
+    for step, values in sorted(points.items()):
+        named = openai_metrics(values)
+        writer.writerow(
+            [step, *(named.get(c, "") for c in OPENAI_METRICS), *(values.get(k, "") for k in extra)]
+        )
+    return buffer.getvalue().encode()
+
+
 def _metrics_message(point: MetricPoint, total: int | None) -> tuple[str, dict]:
     values = point.values
-    data = {"step": point.step, **values}
-    if "loss" in values:
-        data["train_loss"] = values["loss"]
-    if "mean_token_accuracy" in values:
-        data["train_mean_token_accuracy"] = values["mean_token_accuracy"]
-    if "eval_loss" in values:
-        data["valid_loss"] = values["eval_loss"]
+    data = {"step": point.step, **values, **openai_metrics(values)}
     if total:
         data["total_steps"] = total
     shown = ", ".join(
@@ -234,15 +262,7 @@ def events(ft: FineTuningJob, jobs: list[TrainingJob]) -> list[dict]:
 
 
 def checkpoint_object(ft: FineTuningJob, checkpoint: Checkpoint, metrics: dict) -> dict:
-    data = {"step": checkpoint.step}
-    for theirs, ours in (
-        ("train_loss", "loss"),
-        ("train_mean_token_accuracy", "mean_token_accuracy"),
-        ("valid_loss", "eval_loss"),
-        ("valid_mean_token_accuracy", "eval_mean_token_accuracy"),
-    ):
-        if isinstance(metrics.get(ours), int | float):
-            data[theirs] = metrics[ours]
+    data = {"step": checkpoint.step, **openai_metrics(metrics)}
     return {
         "id": checkpoint.public_id,
         "object": "fine_tuning.job.checkpoint",

@@ -4,8 +4,6 @@ dpo → dpo, reinforcement → grpo with the grader as its reward); OpenAI's hyp
 onto Veri's (`HYPERPARAMETERS`); a pause ends the running Veri job with a checkpoint and a
 resume starts the next from it, under the same `ftjob-…` id."""
 
-import csv
-import io
 import math
 import re
 import secrets
@@ -14,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from openai_api import selectors
+from openai_api import objects, selectors
 from openai_api.models import File, FineTuningJob
 from openai_api.services import files
 from training import specs
@@ -384,33 +382,13 @@ def resume(*, ft: FineTuningJob) -> FineTuningJob:
     return get_job(workspace=ft.workspace, job_id=ft.public_id)
 
 
-RESULT_COLUMNS = ("train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy")
-OURS = {
-    "train_loss": "loss",
-    "train_accuracy": "mean_token_accuracy",
-    "valid_loss": "eval_loss",
-    "valid_mean_token_accuracy": "eval_mean_token_accuracy",
-}
-
-
-def _results_csv(jobs: list[TrainingJob]) -> bytes:
-    """Every step's metrics, as OpenAI's result file has them (its columns first, then the rest
-    of what Veri logged); a resumed run's steps replace the earlier run's same steps."""
-    rows: dict[int, dict] = {}
+def _step_metrics(jobs: list[TrainingJob]) -> dict[int, dict]:
+    """Every step's values; a resumed run's steps replace the earlier run's same steps."""
+    points: dict[int, dict] = {}
     for job in jobs:
         for point in job.metric_points.order_by("step"):
-            rows[point.step] = point.values
-    ours = set(OURS.values())
-    extra = sorted({k for values in rows.values() for k in values} - ours)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["step", *RESULT_COLUMNS, *extra])
-    for step, values in sorted(rows.items()):
-        cells = [values.get(OURS[c], "") for c in RESULT_COLUMNS] + [
-            values.get(k, "") for k in extra
-        ]
-        writer.writerow([step, *cells])
-    return buffer.getvalue().encode()
+            points[point.step] = point.values
+    return points
 
 
 def ensure_result_file(*, ft: FineTuningJob) -> FineTuningJob:
@@ -420,7 +398,7 @@ def ensure_result_file(*, ft: FineTuningJob) -> FineTuningJob:
     with transaction.atomic():
         locked = FineTuningJob.objects.select_for_update().get(pk=ft.pk)
         if locked.result_file_id is None:
-            content = _results_csv(selectors.runs(ft=locked))
+            content = objects.results_csv(_step_metrics(selectors.runs(ft=locked)))
             result = files.write_result_file(
                 workspace=ft.workspace, filename="step_metrics.csv", content=content
             )
