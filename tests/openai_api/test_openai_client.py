@@ -231,3 +231,43 @@ def test_odd_bodies_are_refused_in_openai_shape_never_a_500(
     for path in ("/fine_tuning/jobs?limit=0", "/fine_tuning/jobs?after=nope", "/files?order=up"):
         response = http.get(path)
         assert response.status_code == 400 and response.json()["error"]["param"], path
+
+
+def test_legacy_hyperparameters_auto_and_ignored_options(client, api_client, funded, models_volume):
+    chat = client.files.create(file=("chat.jsonl", jsonl(CHAT_ROWS)), purpose="fine-tune")
+    legacy = client.fine_tuning.jobs.create(
+        model=TINY,
+        training_file=chat.id,
+        hyperparameters={"n_epochs": 3, "batch_size": "auto", "learning_rate_multiplier": 2},
+    )
+    assert legacy.method.type == "supervised"
+    assert legacy.hyperparameters.n_epochs == 3 and legacy.hyperparameters.batch_size == 8
+    # The learning rate is the method's default times the multiplier.
+    veri = api_client.get(f"/v1/training_jobs/{legacy.model_extra['veri_job_id']}").json()
+    assert veri["hyperparameters"]["learning_rate"] == pytest.approx(4e-4)
+    prompts = client.files.create(
+        file=("rl.jsonl", jsonl([{"messages": [{"role": "user", "content": "Hi"}], "a": "x"}])),
+        purpose="fine-tune",
+    )
+    rl = client.fine_tuning.jobs.create(
+        model=TINY,
+        training_file=prompts.id,
+        method={
+            "type": "reinforcement",
+            "reinforcement": {
+                "grader": {
+                    "type": "string_check",
+                    "name": "x",
+                    "input": "{{sample.output_text}}",
+                    "reference": "{{item.a}}",
+                    "operation": "eq",
+                },
+                "hyperparameters": {"reasoning_effort": "high", "compute_multiplier": 0.5},
+            },
+        },
+    )
+    assert rl.hyperparameters.model_extra["compute_multiplier"] == 0.5
+    warnings = [e for e in client.fine_tuning.jobs.list_events(rl.id) if e.level == "warn"]
+    assert [e.message for e in warnings] == [
+        "reasoning_effort is ignored: the open models Veri trains have no reasoning effort setting."
+    ]
