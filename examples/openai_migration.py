@@ -4,7 +4,9 @@ Only the three lines marked `# Veri` differ from the script written for OpenAI: 
 is, its key, and the model (an open model: a hub id, or `volume://…`). Everything else is
 OpenAI's own API: files, jobs, events, checkpoints, the fine-tuned model's name.
 
-    export VERI_API_KEY=veri_sk_…        # make demo prints the demo workspace's key
+    source .venv/bin/activate
+    python manage.py runserver & python manage.py qcluster &   # make demo stopped its own
+    export VERI_API_URL=http://127.0.0.1:8000 VERI_API_KEY=veri_sk_…   # make demo printed it
     python examples/openai_migration.py
 
 It trains the tiny model `make demo` put in the volume demo-data; see

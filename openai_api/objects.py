@@ -155,6 +155,8 @@ def _message(event: JobEvent) -> str:
     if event.type == "cancelled" and detail.get("paused"):
         return "The job was paused; resume it to continue from its newest checkpoint"
     message = EVENT_MESSAGES.get(event.type, event.type.replace("_", " ").capitalize())
+    if event.type == "checkpoint_saved" and detail.get("final"):
+        message = "The fine-tuned model was saved"
     if event.type == "checkpoint_saved" and "step" in detail:
         message += f" at step {detail['step']}"
     return message

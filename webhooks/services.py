@@ -38,6 +38,16 @@ CLAIM_SECONDS = 60
 EXCERPT_CHARS = 1000
 ROTATION_OVERLAP = timedelta(hours=24)
 TEST_EVENT = "webhook.test"
+# Every event the apps publish: an endpoint may subscribe to these only (a misspelt type would
+# never fire), and publishing another is a bug.
+EVENT_TYPES = (
+    "training_job.completed",
+    "training_job.failed",
+    "training_job.cancelled",
+    "fine_tuning.job.succeeded",
+    "fine_tuning.job.failed",
+    "fine_tuning.job.cancelled",
+)
 
 
 class BadWebhookUrl(VeriError):
@@ -78,10 +88,14 @@ def validate_url(url: str) -> str:
 
 
 def _validate_event_types(event_types: list[str]) -> list[str]:
-    if any(not isinstance(t, str) or not t or len(t) > 100 for t in event_types):
-        raise VeriError(
-            "Each event type is a name such as training_job.completed.", field="event_types"
-        )
+    for given in event_types:
+        if given not in EVENT_TYPES:
+            raise VeriError(
+                f"Unknown event type {str(given)[:100]!r}; the types are: "
+                f"{', '.join(EVENT_TYPES)}.",
+                field="event_types",
+                code="unknown_event_type",
+            )
     return sorted(set(event_types))
 
 
@@ -186,6 +200,8 @@ def publish(*, workspace: Workspace, event_type: str, data: dict) -> None:
     the caller's transaction (so an event exists exactly when the change it reports commits),
     delivered by tasks queued once it commits. No network here; one query when the workspace has
     no endpoint."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"{event_type!r} is not in webhooks.services.EVENT_TYPES")
     endpoints = [
         e
         for e in WebhookEndpoint.objects.filter(workspace=workspace, enabled=True).only(

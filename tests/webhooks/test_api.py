@@ -153,3 +153,13 @@ def test_every_webhook_endpoint_route_hides_other_workspaces(api_client, other_a
     assert other_api_client.get("/v1/webhook_endpoints").json()["data"] == []
     endpoint = WebhookEndpoint.objects.get()
     assert endpoint.enabled and not WebhookDelivery.objects.exists()
+
+
+def test_a_misspelt_event_type_is_refused_naming_the_types(api_client):
+    response = api_client.post(
+        "/v1/webhook_endpoints",
+        {"url": "https://example.org/h", "event_types": ["training_job.complete"]},
+        format="json",
+    )
+    error = assert_error(response, 400, "unknown_event_type", "event_types")
+    assert "training_job.completed" in error["message"]
