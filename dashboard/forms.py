@@ -6,6 +6,7 @@ from django import forms
 from providers import catalog
 from providers.services import default_provider, usable_providers
 from training.specs import METHODS
+from webhooks.services import EVENT_TYPES
 
 
 class NewJobForm(forms.Form):
@@ -116,12 +117,14 @@ class TopUpForm(forms.Form):
 
 class WebhookEndpointForm(forms.Form):
     url = forms.CharField(label="URL", max_length=2000, help_text="https://… that accepts a POST")
-    event_types = forms.CharField(
+    event_types = forms.MultipleChoiceField(
         required=False,
         label="Event types",
-        help_text="space or comma separated, e.g. training_job.failed; empty: every event",
+        choices=[(t, t) for t in EVENT_TYPES],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="none ticked: every event",
     )
     description = forms.CharField(required=False, max_length=500)
 
     def cleaned_event_types(self) -> list[str]:
-        return self.cleaned_data["event_types"].replace(",", " ").split()
+        return self.cleaned_data["event_types"]

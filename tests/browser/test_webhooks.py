@@ -27,7 +27,7 @@ def test_add_an_endpoint_send_a_test_and_read_its_attempts(
     sign_in(page, live_server.url)
     page.click("nav >> text=Webhooks")
     page.fill("#id_url", receiver.url)
-    page.fill("#id_event_types", "training_job.failed")
+    page.check("input[name=event_types][value='training_job.failed']")
     page.click("button:has-text('Add an endpoint')")
     secret = page.locator("[data-new-secret]").inner_text()
     assert secret.startswith("whsec_")
