@@ -46,6 +46,8 @@ TOML_KEYS: dict[str, tuple[type, ...]] = {
     "checkpoint_keep": (int,),
     "heartbeat_timeout_seconds": (int,),
     "max_launch_attempts": (int,),
+    "auto_resume": (bool,),
+    "max_restarts": (int,),
     "max_cost_usd": (int, float, str),
     "integrations": (list,),  # [[integrations]] type = "wandb", with [integrations.wandb]
 }
@@ -82,7 +84,8 @@ def load_toml(path: Path) -> dict:
                 f"{', '.join(TOML_KEYS)}."
             )
         types = TOML_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        # bool is an int to Python, but `true` is no step count
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             wanted = " or ".join(TYPE_NAMES[t] for t in types)
             raise BadConfig(
                 f"{path}: {key!r} must be {wanted}, not {type(value).__name__} "
