@@ -2,9 +2,12 @@
 failing log stream, a submit retried after a dropped connection, an interrupted download resumed
 and verified, the local reward check, and job files (TOML and @training_job)."""
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import signal
 import threading
 import time
 
@@ -73,8 +76,16 @@ def submit(client: Client, tmp_path, **fields) -> str:
     return client.training_jobs.create(**job_fields(client, tmp_path, **fields)).id
 
 
-def run_worker(job_id: str, lines: int, *, pause: float = 0.0, final_files: dict | None = None):
-    """What a worker does for a job, in a thread: register, run, log, complete; then settle."""
+def run_worker(
+    job_id: str,
+    lines: int,
+    *,
+    pause: float = 0.0,
+    final_files: dict | None = None,
+    error_code: str | None = None,
+):
+    """What a worker does for a job, in a thread: register, run, log, complete (or fail with
+    `error_code`); then settle."""
     job = TrainingJob.objects.get(public_id=job_id)
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
@@ -102,7 +113,8 @@ def run_worker(job_id: str, lines: int, *, pause: float = 0.0, final_files: dict
             },
             format="json",
         )
-    worker.post(f"{base}/complete", {"ok": True}, format="json")
+    ending = {"ok": False, "error_code": error_code} if error_code else {"ok": True}
+    worker.post(f"{base}/complete", ending, format="json")
     tasks.settle_job(job_id=job.pk)
 
 
@@ -142,6 +154,58 @@ def test_jobs_logs_follow_prints_lines_until_the_job_ends(cli, capsys, account, 
     ]
     code, out, _ = cli("jobs", "get", job_id, "--json", capsys=capsys)
     assert code == 0 and json.loads(out)["status"] == "completed"
+
+
+def test_jobs_logs_follow_exits_1_when_the_job_fails_or_was_cancelled(
+    cli, capsys, account, tmp_path
+):
+    job_id = submit(Client(), tmp_path)
+    worker = in_background(lambda: run_worker(job_id, lines=3, error_code="training_error"))
+    code, out, err = cli("jobs", "logs", job_id, "-f", capsys=capsys)
+    worker.join()
+    assert code == 1 and "line 2" in out
+    assert f"error: {job_id} failed: training_error (customer)" in err
+    assert cli("jobs", "logs", job_id, capsys=capsys)[0] == 0  # reading a log is no failure
+
+    cancelled = submit(Client(), tmp_path)
+    Client().training_jobs.cancel(cancelled)
+    code, _, err = cli("jobs", "logs", cancelled, "-f", capsys=capsys)
+    assert code == 1 and f"{cancelled} ended cancelled" in err
+
+
+@contextlib.contextmanager
+def interrupt_after(seconds: float):
+    """Ctrl+C in this process (pytest's main thread, where the CLI runs) after `seconds`, unless
+    the block ended first."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def test_ctrl_c_while_following_says_the_job_goes_on_and_how_to_follow_it_again(
+    cli, capsys, account, tmp_path
+):
+    job_id = submit(Client(), tmp_path)  # queued: nothing runs it, so following never ends
+    with interrupt_after(1.5):
+        code, _, err = cli("jobs", "logs", job_id, "-f", capsys=capsys)
+    assert code == 130
+    assert f"{job_id} keeps running" in err and f"veri jobs logs -f {job_id}" in err
+
+    (tmp_path / "reward.py").write_text(REWARD)
+    dataset_file(tmp_path)
+    (tmp_path / "job.toml").write_text(
+        'kind = "train"\nbase_model = "tiny/model"\ndataset = "train.jsonl"\n'
+        'method = "grpo"\nreward = "reward.py"\ngpu_type = "L4-24GB"\n'
+    )
+    with interrupt_after(1.5):
+        code, out, err = cli("run", str(tmp_path / "job.toml"), "--no-check", capsys=capsys)
+    submitted = TrainingJob.objects.latest("created_at").public_id
+    assert code == 130 and f"Submitted {submitted}" in out, err
+    assert f"veri jobs logs -f {submitted}" in err
+    assert Client().training_jobs.get(submitted).status == "queued"  # detached, not cancelled
 
 
 def test_wait_returns_the_finished_job_when_the_log_stream_fails_midway(

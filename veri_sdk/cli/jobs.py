@@ -71,9 +71,9 @@ def cmd_jobs_get(args, client) -> int:
 
 
 def cmd_jobs_logs(args, client) -> int:
-    """Everything so far (`-f`: and what follows, until the job ends; Ctrl+C detaches). A job
-    with no line yet prints `[no logs available yet]`; a finished one whose log was never
-    uploaded fails, since none will ever come."""
+    """Everything so far (`-f`: and what follows, until the job ends, exiting 1 unless it
+    completed; Ctrl+C detaches, exit 130). A job with no line yet prints `[no logs available
+    yet]`; a finished one whose log was never uploaded fails, since none will ever come."""
     jobs, after, printed = client.training_jobs, -1, 0
     try:
         while True:
@@ -88,18 +88,21 @@ def cmd_jobs_logs(args, client) -> int:
                 break
             time.sleep(1)
     except KeyboardInterrupt:
-        return 0  # detached; the job goes on
-    if printed:
-        return 0
-    if not jobs.get(args.id).finished:
-        print(NO_LOGS_YET)
-        return 0
-    try:
-        text = jobs.full_log(args.id)
-    except NotFoundError:
-        err.print(f"error: {NEVER_UPLOADED}", highlight=False, markup=False)
-        return 1
-    print(text, end="")
+        return detached(args.id)
+    job = jobs.get(args.id) if args.follow or not printed else None
+    if not printed:
+        if not job.finished:
+            print(NO_LOGS_YET)
+            return 0
+        try:
+            text = jobs.full_log(args.id)
+        except NotFoundError:
+            err.print(f"error: {NEVER_UPLOADED}", highlight=False, markup=False)
+            return failed(job) if args.follow and job.status != "completed" else 1
+        print(text, end="")
+    # Followed to its end, the exit code says how the job ended, for scripts.
+    if args.follow and job.status != "completed":
+        return failed(job)
     return 0
 
 
@@ -233,6 +236,16 @@ def cmd_billing_top_up(args, client) -> int:
     out.print(f"Pay {args.amount} USD here; the balance grows once the payment goes through:")
     out.print(url, soft_wrap=True)
     return 0
+
+
+def detached(job_id: str) -> int:
+    """Ctrl+C while following a job: it goes on; say so, and how to follow it again."""
+    err.print(
+        f"Detached; {job_id} keeps running. Follow it again with: veri jobs logs -f {job_id}",
+        highlight=False,
+        markup=False,
+    )
+    return 130  # as a shell reports a command ended by SIGINT
 
 
 def failed(job: TrainingJob) -> int:

@@ -11,7 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from veri_sdk.cli.jobs import failed, show_quote
+from veri_sdk.cli.jobs import detached, failed, show_quote
 from veri_sdk.cli.output import err, out, print_table, table
 from veri_sdk.rewards import JOB_ATTRIBUTE
 from veri_sdk.training import Dataset
@@ -264,7 +264,10 @@ def _submit(args, client, job: dict) -> int:
     if args.detach:
         out.print(f"Follow it with: veri jobs logs {submitted.id} -f")
         return 0
-    finished = submitted.wait(poll_interval=5)
+    try:
+        finished = submitted.wait(poll_interval=5)
+    except KeyboardInterrupt:
+        return detached(submitted.id)
     if finished.status != "completed":
         return failed(finished)
     folder = finished.download("./checkpoints")
