@@ -263,6 +263,20 @@ def test_an_interrupted_download_resumes_and_verifies(account, tmp_path, proxy):
     assert (folder / "tokenizer.json").read_bytes() == files["tokenizer.json"]
 
 
+def test_a_second_download_says_it_skipped_the_files_already_there(cli, capsys, account, tmp_path):
+    files = {"adapter_config.json": b'{"r": 8}', "tokenizer.json": b'{"model": "bpe"}'}
+    job_id = submit(Client(), tmp_path)
+    run_worker(job_id, lines=1, final_files=files)
+    output = str(tmp_path / "out")
+    code, out, _ = cli("jobs", "download", job_id, "-o", output, capsys=capsys)
+    assert code == 0 and "Downloaded 2 file(s)" in out and "skipped" not in out
+    code, out, _ = cli("jobs", "download", job_id, "-o", output, capsys=capsys)
+    assert code == 0 and "All 2 file(s)" in out and "nothing downloaded" in out
+    (tmp_path / "out" / job_id / "tokenizer.json").unlink()
+    code, out, _ = cli("jobs", "download", job_id, "-o", output, capsys=capsys)
+    assert "Downloaded 1 file(s)" in out and "skipped 1 already there" in out
+
+
 def test_a_download_that_arrives_different_is_refused(account, tmp_path, live_server):
     files = {"adapter_config.json": b'{"r": 8}'}
     client = Client()

@@ -119,8 +119,22 @@ def cmd_jobs_resume(args, client) -> int:
 
 
 def cmd_jobs_download(args, client) -> int:
-    folder = client.training_jobs.download(args.id, output_dir=args.output)
-    out.print(f"Downloaded the final model of {args.id} to {folder}/ (sizes and sha256 checked).")
+    fetched: list[bool] = []
+    folder = client.training_jobs.download(
+        args.id, output_dir=args.output, on_file=lambda _path, new: fetched.append(new)
+    )
+    got, had = fetched.count(True), fetched.count(False)
+    if not got:
+        out.print(
+            f"All {had} file(s) of the final model of {args.id} are already in {folder}/ "
+            "(sizes and sha256 checked); nothing downloaded."
+        )
+    else:
+        skipped = f"; skipped {had} already there" if had else ""
+        out.print(
+            f"Downloaded {got} file(s) of the final model of {args.id} to {folder}/ "
+            f"(sizes and sha256 checked){skipped}."
+        )
     return 0
 
 
