@@ -154,6 +154,8 @@ def test_jobs_logs_follow_prints_lines_until_the_job_ends(cli, capsys, account, 
     ]
     code, out, _ = cli("jobs", "get", job_id, "--json", capsys=capsys)
     assert code == 0 and json.loads(out)["status"] == "completed"
+    code, out, _ = cli("jobs", "get", job_id, capsys=capsys)
+    assert out.splitlines()[0].split() == ["id", job_id]  # no blank header row above it
 
 
 def test_jobs_logs_follow_exits_1_when_the_job_fails_or_was_cancelled(

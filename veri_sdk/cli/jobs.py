@@ -26,7 +26,7 @@ def show_job(job: TrainingJob) -> None:
         rows.append(("error", f"{error['code']} ({error['attribution']}): {error['message']}"))
     if job.refund:
         rows.append(("refund", f"{job.refund['amount_usd']} USD, {job.refund['status']}"))
-    listing = table("", "", whole=("",))
+    listing = table("FIELD", "VALUE", whole=("FIELD", "VALUE"), header=False)
     for name, value in rows:
         listing.add_row(name, str(value))
     print_table(listing)
