@@ -326,6 +326,9 @@ def test_catalog_and_lists_from_the_cli(cli, capsys, account, tmp_path):
     code, out, _ = cli("gpu", "list", "--provider", "local", "--json", capsys=capsys)
     local = json.loads(out)
     assert code == 0 and "us-east-1" in local[0]["available_regions"]
+    code, out, _ = cli("gpu", "list", "--provider", "gcp", capsys=capsys)  # no gcp here
+    assert code == 0 and "none" not in out and "not configured here" in out
+    assert "gcp is not configured on this deployment; the providers that are: local, aws." in out
     code, out, _ = cli("datasets", "upload", dataset_file(tmp_path), capsys=capsys)
     assert code == 0 and "8 rows" in out
     code, out, _ = cli("datasets", "list", "--json", capsys=capsys)

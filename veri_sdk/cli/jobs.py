@@ -202,7 +202,9 @@ def cmd_gpu_list(args, client) -> int:
     columns = ["PROVIDER", "GPU", "MEMORY", "MAX", "USD/GPU-HOUR", "REGIONS"]
     listing = table(*columns, "AVAILABLE NOW" if args.provider else "USABLE", whole=("REGIONS",))
     for gpu in gpus:
-        if args.provider:
+        if args.provider and not gpu["usable"]:
+            last = "not configured here"  # not "none": nobody asked the provider
+        elif args.provider:
             available = gpu.get("available_regions")
             last = "unknown" if available is None else ", ".join(available) or "none"
         else:
@@ -217,6 +219,12 @@ def cmd_gpu_list(args, client) -> int:
             last,
         )
     print_table(listing)
+    if args.provider and gpus and not gpus[0]["usable"]:
+        configured = dict.fromkeys(g["provider"] for g in client.gpus.list() if g["usable"])
+        out.print(
+            f"{args.provider} is not configured on this deployment; the providers that are: "
+            f"{', '.join(configured) or 'none'}."
+        )
     return 0
 
 
