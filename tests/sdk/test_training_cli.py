@@ -323,6 +323,7 @@ def test_catalog_and_lists_from_the_cli(cli, capsys, account, tmp_path):
     assert code == 0 and "us-east-1" in out and "default" in out and "coming soon" in out
     code, out, _ = cli("gpu", "list", capsys=capsys)
     assert code == 0 and "L4-24GB" in out and "0.805" in out
+    assert "GPUS/JOB" in out.splitlines()[0]  # per job, not the local provider's slots
     code, out, _ = cli("gpu", "list", "--provider", "local", "--json", capsys=capsys)
     local = json.loads(out)
     assert code == 0 and "us-east-1" in local[0]["available_regions"]

@@ -199,7 +199,8 @@ def cmd_gpu_list(args, client) -> int:
     if args.json:
         print_json(gpus)
         return 0
-    columns = ["PROVIDER", "GPU", "MEMORY", "MAX", "USD/GPU-HOUR", "REGIONS"]
+    # A job's gpu_count limit, not how many jobs run at once (the local provider's slots).
+    columns = ["PROVIDER", "GPU", "MEMORY", "GPUS/JOB", "USD/GPU-HOUR", "REGIONS"]
     listing = table(*columns, "AVAILABLE NOW" if args.provider else "USABLE", whole=("REGIONS",))
     for gpu in gpus:
         if args.provider and not gpu["usable"]:
