@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TextIO
@@ -155,8 +155,13 @@ class TrainingJob:
             self.id, poll_interval=poll_interval, stream=stream, timeout=timeout, out=out
         )
 
-    def download(self, output_dir: str | Path = "./checkpoints") -> Path:
-        return self._jobs.download(self.id, output_dir=output_dir)
+    def download(
+        self,
+        output_dir: str | Path = "./checkpoints",
+        *,
+        on_file: Callable[[str, bool], None] | None = None,
+    ) -> Path:
+        return self._jobs.download(self.id, output_dir=output_dir, on_file=on_file)
 
 
 class TrainingJobs:
@@ -269,10 +274,18 @@ class TrainingJobs:
             if len(page["lines"]) < 1000:
                 return after, page["finished"]
 
-    def download(self, job_id: str, *, output_dir: str | Path = "./checkpoints") -> Path:
+    def download(
+        self,
+        job_id: str,
+        *,
+        output_dir: str | Path = "./checkpoints",
+        on_file: Callable[[str, bool], None] | None = None,
+    ) -> Path:
         """The final model (adapter, config, tokenizer) into `<output_dir>/<job_id>/`, a folder
         `from_pretrained` loads. Each file is checked against the size and sha256 the API lists;
-        a re-run fetches only what is missing or different (an interrupted download resumes)."""
+        a re-run fetches only what is missing or different (an interrupted download resumes).
+        `on_file(path, fetched)` hears of each file once it is in place, `fetched` False when
+        it was already there."""
         final = next((c for c in self.checkpoints(job_id) if c["final"]), None)
         if final is None:
             raise VeriAPIError(
@@ -282,6 +295,8 @@ class TrainingJobs:
         for file in final["files"]:
             target = _inside(folder, file["path"])
             if _matches(target, file):
+                if on_file:
+                    on_file(file["path"], False)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             size, digest = self.storage.download(file["url"], target)
@@ -294,6 +309,8 @@ class TrainingJobs:
                     f"{file['size']} bytes (sha256 {(file.get('sha256') or '?')[:12]}…); "
                     "download again.",
                 )
+            if on_file:
+                on_file(file["path"], True)
         return folder
 
 

@@ -303,9 +303,12 @@ def make_callback(events: Events, spec: dict, recorder: SampleRecorder | None = 
                 return
             values, self.held = self.held | values, {}
             if "train_runtime" in values:  # the trainer's summary at the end
+                # A resumed run starts at its checkpoint's step: it trained only the steps after.
+                first = self.first_step or 0
+                resumed = f" (resumed at step {first})" if first else ""
                 print(
-                    f"[veri] trained {state.global_step} steps in "
-                    f"{duration(values['train_runtime'])}",
+                    f"[veri] trained {state.global_step - first} steps in "
+                    f"{duration(values['train_runtime'])}{resumed}",
                     flush=True,
                 )
             elif values:

@@ -44,9 +44,10 @@ def test_upload_dir_twice_uploads_nothing_the_second_time(
     for file in VolumeFile.objects.filter(volume=volume):
         assert get_store().get_bytes(file.object_key) == files[file.path]
 
-    code, out, _ = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
+    code, out, err = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
     assert code == 0
     assert f"Nothing to upload: all {len(files)} file(s) are already in corpus." in out
+    assert err == ""  # no empty progress bar
     assert VolumeFile.objects.filter(volume=volume).count() == len(files)
 
     (tmp_path / "corpus" / "part-00.jsonl").write_bytes(b"changed\n")

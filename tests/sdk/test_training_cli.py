@@ -2,9 +2,12 @@
 failing log stream, a submit retried after a dropped connection, an interrupted download resumed
 and verified, the local reward check, and job files (TOML and @training_job)."""
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import signal
 import threading
 import time
 
@@ -73,8 +76,16 @@ def submit(client: Client, tmp_path, **fields) -> str:
     return client.training_jobs.create(**job_fields(client, tmp_path, **fields)).id
 
 
-def run_worker(job_id: str, lines: int, *, pause: float = 0.0, final_files: dict | None = None):
-    """What a worker does for a job, in a thread: register, run, log, complete; then settle."""
+def run_worker(
+    job_id: str,
+    lines: int,
+    *,
+    pause: float = 0.0,
+    final_files: dict | None = None,
+    error_code: str | None = None,
+):
+    """What a worker does for a job, in a thread: register, run, log, complete (or fail with
+    `error_code`); then settle."""
     job = TrainingJob.objects.get(public_id=job_id)
     tasks.provision_job(job_id=job.pk)
     job.refresh_from_db()
@@ -102,7 +113,8 @@ def run_worker(job_id: str, lines: int, *, pause: float = 0.0, final_files: dict
             },
             format="json",
         )
-    worker.post(f"{base}/complete", {"ok": True}, format="json")
+    ending = {"ok": False, "error_code": error_code} if error_code else {"ok": True}
+    worker.post(f"{base}/complete", ending, format="json")
     tasks.settle_job(job_id=job.pk)
 
 
@@ -142,6 +154,60 @@ def test_jobs_logs_follow_prints_lines_until_the_job_ends(cli, capsys, account, 
     ]
     code, out, _ = cli("jobs", "get", job_id, "--json", capsys=capsys)
     assert code == 0 and json.loads(out)["status"] == "completed"
+    code, out, _ = cli("jobs", "get", job_id, capsys=capsys)
+    assert out.splitlines()[0].split() == ["id", job_id]  # no blank header row above it
+
+
+def test_jobs_logs_follow_exits_1_when_the_job_fails_or_was_cancelled(
+    cli, capsys, account, tmp_path
+):
+    job_id = submit(Client(), tmp_path)
+    worker = in_background(lambda: run_worker(job_id, lines=3, error_code="training_error"))
+    code, out, err = cli("jobs", "logs", job_id, "-f", capsys=capsys)
+    worker.join()
+    assert code == 1 and "line 2" in out
+    assert f"error: {job_id} failed: training_error (customer)" in err
+    assert cli("jobs", "logs", job_id, capsys=capsys)[0] == 0  # reading a log is no failure
+
+    cancelled = submit(Client(), tmp_path)
+    Client().training_jobs.cancel(cancelled)
+    code, _, err = cli("jobs", "logs", cancelled, "-f", capsys=capsys)
+    assert code == 1 and f"{cancelled} ended cancelled" in err
+
+
+@contextlib.contextmanager
+def interrupt_after(seconds: float):
+    """Ctrl+C in this process (pytest's main thread, where the CLI runs) after `seconds`, unless
+    the block ended first."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def test_ctrl_c_while_following_says_the_job_goes_on_and_how_to_follow_it_again(
+    cli, capsys, account, tmp_path
+):
+    job_id = submit(Client(), tmp_path)  # queued: nothing runs it, so following never ends
+    with interrupt_after(1.5):
+        code, _, err = cli("jobs", "logs", job_id, "-f", capsys=capsys)
+    assert code == 130
+    assert f"{job_id} keeps running" in err and f"veri jobs logs -f {job_id}" in err
+
+    (tmp_path / "reward.py").write_text(REWARD)
+    dataset_file(tmp_path)
+    (tmp_path / "job.toml").write_text(
+        'kind = "train"\nbase_model = "tiny/model"\ndataset = "train.jsonl"\n'
+        'method = "grpo"\nreward = "reward.py"\ngpu_type = "L4-24GB"\n'
+    )
+    with interrupt_after(1.5):
+        code, out, err = cli("run", str(tmp_path / "job.toml"), "--no-check", capsys=capsys)
+    submitted = TrainingJob.objects.latest("created_at").public_id
+    assert code == 130 and f"Submitted {submitted}" in out, err
+    assert f"veri jobs logs -f {submitted}" in err
+    assert Client().training_jobs.get(submitted).status == "queued"  # detached, not cancelled
 
 
 def test_wait_returns_the_finished_job_when_the_log_stream_fails_midway(
@@ -199,6 +265,20 @@ def test_an_interrupted_download_resumes_and_verifies(account, tmp_path, proxy):
     assert (folder / "tokenizer.json").read_bytes() == files["tokenizer.json"]
 
 
+def test_a_second_download_says_it_skipped_the_files_already_there(cli, capsys, account, tmp_path):
+    files = {"adapter_config.json": b'{"r": 8}', "tokenizer.json": b'{"model": "bpe"}'}
+    job_id = submit(Client(), tmp_path)
+    run_worker(job_id, lines=1, final_files=files)
+    output = str(tmp_path / "out")
+    code, out, _ = cli("jobs", "download", job_id, "-o", output, capsys=capsys)
+    assert code == 0 and "Downloaded 2 file(s)" in out and "skipped" not in out
+    code, out, _ = cli("jobs", "download", job_id, "-o", output, capsys=capsys)
+    assert code == 0 and "All 2 file(s)" in out and "nothing downloaded" in out
+    (tmp_path / "out" / job_id / "tokenizer.json").unlink()
+    code, out, _ = cli("jobs", "download", job_id, "-o", output, capsys=capsys)
+    assert "Downloaded 1 file(s)" in out and "skipped 1 already there" in out
+
+
 def test_a_download_that_arrives_different_is_refused(account, tmp_path, live_server):
     files = {"adapter_config.json": b'{"r": 8}'}
     client = Client()
@@ -243,9 +323,13 @@ def test_catalog_and_lists_from_the_cli(cli, capsys, account, tmp_path):
     assert code == 0 and "us-east-1" in out and "default" in out and "coming soon" in out
     code, out, _ = cli("gpu", "list", capsys=capsys)
     assert code == 0 and "L4-24GB" in out and "0.805" in out
+    assert "GPUS/JOB" in out.splitlines()[0]  # per job, not the local provider's slots
     code, out, _ = cli("gpu", "list", "--provider", "local", "--json", capsys=capsys)
     local = json.loads(out)
     assert code == 0 and "us-east-1" in local[0]["available_regions"]
+    code, out, _ = cli("gpu", "list", "--provider", "gcp", capsys=capsys)  # no gcp here
+    assert code == 0 and "none" not in out and "not configured here" in out
+    assert "gcp is not configured on this deployment; the providers that are: local, aws." in out
     code, out, _ = cli("datasets", "upload", dataset_file(tmp_path), capsys=capsys)
     assert code == 0 and "8 rows" in out
     code, out, _ = cli("datasets", "list", "--json", capsys=capsys)

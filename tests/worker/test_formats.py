@@ -206,6 +206,17 @@ def test_the_weight_of_an_assistant_message_changes_the_loss(tiny_model, tmp_pat
     assert first_loss(spec, last_only) == pytest.approx(first_loss(spec, last_only))
 
 
+def test_a_resumed_run_says_how_many_steps_it_trained_itself(tiny_model, tmp_path, capsys):
+    spec = spec_for(tmp_path, tiny_model, "sft_text", max_steps=6) | {"checkpoint_every": 2}
+    rows = [chat(1, 1)] * 8
+    build_trainer(spec, rows, Events())[0].train()
+    assert "[veri] trained 6 steps in" in capsys.readouterr().out
+    resumed, _ = build_trainer(spec, rows, Events())
+    resumed.train(resume_from_checkpoint=str(tmp_path / "output" / "checkpoint-4"))
+    out = capsys.readouterr().out
+    assert "[veri] trained 2 steps in" in out and "(resumed at step 4)" in out
+
+
 def run_training(spec: dict) -> list[dict]:
     """worker.train in its own process, as the runner starts it; its events."""
     job_file = Path(spec["output_dir"]).parent / "job.json"

@@ -26,7 +26,7 @@ def show_job(job: TrainingJob) -> None:
         rows.append(("error", f"{error['code']} ({error['attribution']}): {error['message']}"))
     if job.refund:
         rows.append(("refund", f"{job.refund['amount_usd']} USD, {job.refund['status']}"))
-    listing = table("", "", whole=("",))
+    listing = table("FIELD", "VALUE", whole=("FIELD", "VALUE"), header=False)
     for name, value in rows:
         listing.add_row(name, str(value))
     print_table(listing)
@@ -71,9 +71,9 @@ def cmd_jobs_get(args, client) -> int:
 
 
 def cmd_jobs_logs(args, client) -> int:
-    """Everything so far (`-f`: and what follows, until the job ends; Ctrl+C detaches). A job
-    with no line yet prints `[no logs available yet]`; a finished one whose log was never
-    uploaded fails, since none will ever come."""
+    """Everything so far (`-f`: and what follows, until the job ends, exiting 1 unless it
+    completed; Ctrl+C detaches, exit 130). A job with no line yet prints `[no logs available
+    yet]`; a finished one whose log was never uploaded fails, since none will ever come."""
     jobs, after, printed = client.training_jobs, -1, 0
     try:
         while True:
@@ -88,18 +88,21 @@ def cmd_jobs_logs(args, client) -> int:
                 break
             time.sleep(1)
     except KeyboardInterrupt:
-        return 0  # detached; the job goes on
-    if printed:
-        return 0
-    if not jobs.get(args.id).finished:
-        print(NO_LOGS_YET)
-        return 0
-    try:
-        text = jobs.full_log(args.id)
-    except NotFoundError:
-        err.print(f"error: {NEVER_UPLOADED}", highlight=False, markup=False)
-        return 1
-    print(text, end="")
+        return detached(args.id)
+    job = jobs.get(args.id) if args.follow or not printed else None
+    if not printed:
+        if not job.finished:
+            print(NO_LOGS_YET)
+            return 0
+        try:
+            text = jobs.full_log(args.id)
+        except NotFoundError:
+            err.print(f"error: {NEVER_UPLOADED}", highlight=False, markup=False)
+            return failed(job) if args.follow and job.status != "completed" else 1
+        print(text, end="")
+    # Followed to its end, the exit code says how the job ended, for scripts.
+    if args.follow and job.status != "completed":
+        return failed(job)
     return 0
 
 
@@ -116,8 +119,22 @@ def cmd_jobs_resume(args, client) -> int:
 
 
 def cmd_jobs_download(args, client) -> int:
-    folder = client.training_jobs.download(args.id, output_dir=args.output)
-    out.print(f"Downloaded the final model of {args.id} to {folder}/ (sizes and sha256 checked).")
+    fetched: list[bool] = []
+    folder = client.training_jobs.download(
+        args.id, output_dir=args.output, on_file=lambda _path, new: fetched.append(new)
+    )
+    got, had = fetched.count(True), fetched.count(False)
+    if not got:
+        out.print(
+            f"All {had} file(s) of the final model of {args.id} are already in {folder}/ "
+            "(sizes and sha256 checked); nothing downloaded."
+        )
+    else:
+        skipped = f"; skipped {had} already there" if had else ""
+        out.print(
+            f"Downloaded {got} file(s) of the final model of {args.id} to {folder}/ "
+            f"(sizes and sha256 checked){skipped}."
+        )
     return 0
 
 
@@ -182,10 +199,13 @@ def cmd_gpu_list(args, client) -> int:
     if args.json:
         print_json(gpus)
         return 0
-    columns = ["PROVIDER", "GPU", "MEMORY", "MAX", "USD/GPU-HOUR", "REGIONS"]
+    # A job's gpu_count limit, not how many jobs run at once (the local provider's slots).
+    columns = ["PROVIDER", "GPU", "MEMORY", "GPUS/JOB", "USD/GPU-HOUR", "REGIONS"]
     listing = table(*columns, "AVAILABLE NOW" if args.provider else "USABLE", whole=("REGIONS",))
     for gpu in gpus:
-        if args.provider:
+        if args.provider and not gpu["usable"]:
+            last = "not configured here"  # not "none": nobody asked the provider
+        elif args.provider:
             available = gpu.get("available_regions")
             last = "unknown" if available is None else ", ".join(available) or "none"
         else:
@@ -200,6 +220,12 @@ def cmd_gpu_list(args, client) -> int:
             last,
         )
     print_table(listing)
+    if args.provider and gpus and not gpus[0]["usable"]:
+        configured = dict.fromkeys(g["provider"] for g in client.gpus.list() if g["usable"])
+        out.print(
+            f"{args.provider} is not configured on this deployment; the providers that are: "
+            f"{', '.join(configured) or 'none'}."
+        )
     return 0
 
 
@@ -233,6 +259,16 @@ def cmd_billing_top_up(args, client) -> int:
     out.print(f"Pay {args.amount} USD here; the balance grows once the payment goes through:")
     out.print(url, soft_wrap=True)
     return 0
+
+
+def detached(job_id: str) -> int:
+    """Ctrl+C while following a job: it goes on; say so, and how to follow it again."""
+    err.print(
+        f"Detached; {job_id} keeps running. Follow it again with: veri jobs logs -f {job_id}",
+        highlight=False,
+        markup=False,
+    )
+    return 130  # as a shell reports a command ended by SIGINT
 
 
 def failed(job: TrainingJob) -> int:

@@ -40,14 +40,16 @@ class _Table(Table):
         yield from super().__rich_console__(console, options)
 
 
-def table(*columns: str, whole: tuple[str, ...] = ()) -> Table:
-    """A plain table whose `whole` columns (ids, paths) are printed whole; other columns wrap."""
+def table(*columns: str, whole: tuple[str, ...] = (), header: bool = True) -> Table:
+    """A plain table whose `whole` columns (ids, paths) are printed whole; other columns wrap.
+    `header=False`: a name/value listing, whose column names go unprinted."""
     return _Table(
         *(
             Column(name, no_wrap=True) if name in whole else Column(name, overflow="fold")
             for name in columns
         ),
         box=None,
+        show_header=header,
     )
 
 

@@ -11,7 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from veri_sdk.cli.jobs import failed, show_quote
+from veri_sdk.cli.jobs import detached, failed, show_quote
 from veri_sdk.cli.output import err, out, print_table, table
 from veri_sdk.rewards import JOB_ATTRIBUTE
 from veri_sdk.training import Dataset
@@ -46,6 +46,8 @@ TOML_KEYS: dict[str, tuple[type, ...]] = {
     "checkpoint_keep": (int,),
     "heartbeat_timeout_seconds": (int,),
     "max_launch_attempts": (int,),
+    "auto_resume": (bool,),
+    "max_restarts": (int,),
     "max_cost_usd": (int, float, str),
     "integrations": (list,),  # [[integrations]] type = "wandb", with [integrations.wandb]
 }
@@ -82,7 +84,8 @@ def load_toml(path: Path) -> dict:
                 f"{', '.join(TOML_KEYS)}."
             )
         types = TOML_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        # bool is an int to Python, but `true` is no step count
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             wanted = " or ".join(TYPE_NAMES[t] for t in types)
             raise BadConfig(
                 f"{path}: {key!r} must be {wanted}, not {type(value).__name__} "
@@ -261,7 +264,10 @@ def _submit(args, client, job: dict) -> int:
     if args.detach:
         out.print(f"Follow it with: veri jobs logs {submitted.id} -f")
         return 0
-    finished = submitted.wait(poll_interval=5)
+    try:
+        finished = submitted.wait(poll_interval=5)
+    except KeyboardInterrupt:
+        return detached(submitted.id)
     if finished.status != "completed":
         return failed(finished)
     folder = finished.download("./checkpoints")

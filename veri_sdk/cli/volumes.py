@@ -87,14 +87,17 @@ def cmd_volumes_upload_dir(args, client) -> int:
         err.print(f"error: {args.dir} is not a folder")
         return 2
     lock, total = threading.Lock(), [0]
-    with transfer_progress() as progress:
-        task = progress.add_task(Path(args.dir).name or args.dir, total=None)
+    progress = transfer_progress()
+    task = progress.add_task(Path(args.dir).name or args.dir, total=None)
 
-        def grow(n: int) -> None:
-            with lock:
-                total[0] += n
-                progress.update(task, total=total[0])
+    def grow(n: int) -> None:
+        with lock:
+            if n and not total[0]:
+                progress.start()  # drawn once there is something to send, never empty
+            total[0] += n
+            progress.update(task, total=total[0])
 
+    try:
         result = client.volumes.upload_dir(
             args.name,
             args.dir,
@@ -102,6 +105,9 @@ def cmd_volumes_upload_dir(args, client) -> int:
             on_bytes=lambda n: progress.advance(task, n),
             on_total=grow,
         )
+    finally:
+        if total[0]:  # started; stopping one never started would still print a blank line
+            progress.stop()
     if not result.uploaded:
         out.print(
             f"Nothing to upload: all {len(result.skipped)} file(s) are already in {args.name}."
