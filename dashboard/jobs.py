@@ -58,9 +58,10 @@ def job_new(request):
             fields = form.submission_fields()
             upload = form.cleaned_data.get("dataset_file")
             if upload:
-                fields["dataset_id"] = dataset_services.create_uploaded_dataset(
+                dataset, _ = dataset_services.create_uploaded_dataset(
                     workspace=request.workspace, file=upload
-                ).public_id
+                )
+                fields["dataset_id"] = dataset.public_id
             else:
                 fields["dataset_id"] = form.cleaned_data["dataset"]
             job = job_services.submit_job(

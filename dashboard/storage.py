@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 from dashboard.forms import ConfirmNameForm
 from dashboard.workspaces import or_404, workspace_view
 from training import selectors as training_selectors
+from training.services import datasets as dataset_services
 from veri.errors import VeriError
 from volumes import selectors, services
 
@@ -69,3 +70,37 @@ def dataset_list(request):
         "dashboard/datasets.html",
         {"page": Paginator(datasets, PAGE).get_page(request.GET.get("page"))},
     )
+
+
+def _dataset(request, dataset_id: str):
+    return or_404(
+        training_selectors.get_dataset, workspace=request.workspace, dataset_id=dataset_id
+    )
+
+
+@workspace_view
+def dataset_detail(request, dataset_id: str):
+    dataset = _dataset(request, dataset_id)
+    try:
+        rows, unavailable = dataset_services.preview_dataset(dataset=dataset), ""
+    except VeriError as exc:
+        rows, unavailable = [], exc.message
+    context = {
+        "dataset": dataset,
+        "rows": [json.dumps(row, ensure_ascii=False, indent=2) for row in rows],
+        "unavailable": unavailable,
+    }
+    return render(request, "dashboard/dataset.html", context)
+
+
+@require_POST
+@workspace_view
+def dataset_delete(request, dataset_id: str):
+    dataset = _dataset(request, dataset_id)
+    try:
+        dataset_services.delete_dataset(dataset=dataset)
+    except VeriError as exc:
+        messages.error(request, exc.message)
+        return redirect("dashboard:dataset", dataset_id=dataset.public_id)
+    messages.success(request, f"Deleted dataset {dataset.name or dataset.public_id}.")
+    return redirect("dashboard:datasets")

@@ -264,7 +264,11 @@ class DatasetsView(WorkspaceView):
 
     @extend_schema(
         request=DatasetsIn,
-        responses={201: DatasetOut},
+        responses={201: DatasetOut, 200: DatasetOut},
+        description=(
+            "201 with a new dataset; 200 with the existing one when the upload's bytes are "
+            "already a dataset of this workspace (same content, same id)."
+        ),
         examples=[
             OpenApiExample(
                 "A file in a volume",
@@ -282,12 +286,13 @@ class DatasetsView(WorkspaceView):
         data = self.validated(self.DatasetsIn, request.data)
         source = data.get("source") or ("upload" if "file" in data else None)
         name = data.get("name", "")
+        created = True
         if source == "upload":
             if "file" not in data:
                 raise VeriError(
                     "Send the .jsonl as a multipart form field named file.", field="file"
                 )
-            dataset = dataset_services.create_uploaded_dataset(
+            dataset, created = dataset_services.create_uploaded_dataset(
                 workspace=self.workspace, file=data["file"], name=name
             )
         elif source == "hf":
@@ -311,7 +316,7 @@ class DatasetsView(WorkspaceView):
             raise VeriError(
                 'source must be "upload" (with a file), "hf" or "volume".', field="source"
             )
-        return Response(DatasetOut(dataset).data, status=201)
+        return Response(DatasetOut(dataset).data, status=201 if created else 200)
 
 
 class DatasetView(WorkspaceView):
@@ -320,6 +325,47 @@ class DatasetView(WorkspaceView):
         return Response(
             DatasetOut(selectors.get_dataset(workspace=self.workspace, dataset_id=dataset_id)).data
         )
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, dataset_id: str) -> Response:
+        dataset_services.delete_dataset(
+            dataset=selectors.get_dataset(workspace=self.workspace, dataset_id=dataset_id)
+        )
+        return Response(status=204)
+
+
+class DatasetPreviewView(WorkspaceView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "rows",
+                int,
+                description=f"how many rows (default {dataset_services.PREVIEW_ROWS}, "
+                f"at most {dataset_services.PREVIEW_MAX_ROWS})",
+            )
+        ],
+        responses=inline_serializer(
+            "DatasetPreview",
+            {
+                "id": serializers.CharField(),
+                "rows": serializers.ListField(
+                    child=serializers.JSONField(),
+                    help_text="each row's JSON value; a line that is not JSON, as its text",
+                ),
+            },
+        ),
+    )
+    def get(self, request: Request, dataset_id: str) -> Response:
+        dataset = selectors.get_dataset(workspace=self.workspace, dataset_id=dataset_id)
+        rows = query_int(
+            request,
+            "rows",
+            dataset_services.PREVIEW_ROWS,
+            low=1,
+            high=dataset_services.PREVIEW_MAX_ROWS,
+        )
+        rows = dataset_services.preview_dataset(dataset=dataset, rows=rows)
+        return Response({"id": dataset.public_id, "rows": rows})
 
 
 class SubmitIn(serializers.Serializer):

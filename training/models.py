@@ -17,6 +17,9 @@ class Dataset(models.Model):
     name = models.CharField(max_length=200, blank=True)
     # upload
     object_key = models.CharField(max_length=1024, blank=True)
+    # The upload's sha256: the same bytes uploaded again are this dataset (one row per workspace).
+    # Empty on rows from before it was kept; those are never matched.
+    content_sha256 = models.CharField(max_length=64, blank=True)
     size_bytes = models.PositiveBigIntegerField(null=True)
     row_count = models.PositiveIntegerField(null=True)
     # The first line that does not fit each method ({"dpo": 3, ...}; absent: every line fits),
@@ -33,6 +36,15 @@ class Dataset(models.Model):
     volume_name = models.CharField(max_length=128, blank=True)
     path = models.CharField(max_length=1024, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "content_sha256"],
+                condition=models.Q(source="upload") & ~models.Q(content_sha256=""),
+                name="one_upload_per_content",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.source})"

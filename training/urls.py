@@ -5,6 +5,7 @@ from training import api, worker_api
 urlpatterns = [
     path("datasets", api.DatasetsView.as_view()),
     path("datasets/<str:dataset_id>", api.DatasetView.as_view()),
+    path("datasets/<str:dataset_id>/preview", api.DatasetPreviewView.as_view()),
     path("training_jobs", api.TrainingJobsView.as_view()),
     path("training_jobs/quote", api.QuoteView.as_view()),
     path("training_jobs/<str:job_id>", api.TrainingJobView.as_view()),

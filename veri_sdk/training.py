@@ -37,16 +37,34 @@ class DownloadFailed(VeriAPIError):
 
 @dataclass
 class Dataset:
+    """A dataset. Uploading the same bytes again gives back this dataset (same id), so a script
+    may upload its file on every run without making copies."""
+
     id: str
     source: str
     name: str = ""
     row_count: int | None = None
     data: dict = field(default_factory=dict, repr=False)
+    datasets: Datasets | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_api(cls, data: dict) -> Dataset:
+    def from_api(cls, data: dict, datasets: Datasets | None = None) -> Dataset:
         name, rows = data.get("name") or "", data.get("row_count")
-        return cls(data["id"], data["source"], name, rows, data=data)
+        return cls(data["id"], data["source"], name, rows, data=data, datasets=datasets)
+
+    def _datasets(self) -> Datasets:
+        from veri_sdk.client import Client
+
+        return self.datasets or Client().datasets
+
+    def preview(self, rows: int = 5) -> list:
+        """The first `rows` rows (at most 50), each as its JSON value; an uploaded or volume
+        dataset only (a hub dataset's rows are on the hub)."""
+        return self._datasets().preview(self.id, rows=rows)
+
+    def delete(self) -> None:
+        """Delete it (and its stored file); refused while a job or OpenAI file uses it."""
+        self._datasets().delete(self.id)
 
     @classmethod
     def from_volume(
@@ -72,22 +90,31 @@ class Datasets:
                 files={"file": (path.name, f)},
                 data={"name": name} if name else None,
             )
-        return Dataset.from_api(data)
+        return Dataset.from_api(data, self)
 
     def from_volume(self, volume: str, path: str, *, name: str = "") -> Dataset:
         body = {"source": "volume", "volume": volume, "path": path, "name": name}
-        return Dataset.from_api(self.api.request("POST", "/datasets", json=body))
+        return Dataset.from_api(self.api.request("POST", "/datasets", json=body), self)
 
     def connect_hf(self, repo: str, *, split: str = "train", revision: str = "main") -> Dataset:
         body = {"source": "hf", "repo": repo, "split": split, "revision": revision}
-        return Dataset.from_api(self.api.request("POST", "/datasets", json=body))
+        return Dataset.from_api(self.api.request("POST", "/datasets", json=body), self)
 
     def get(self, dataset_id: str) -> Dataset:
-        return Dataset.from_api(self.api.request("GET", f"/datasets/{dataset_id}"))
+        return Dataset.from_api(self.api.request("GET", f"/datasets/{dataset_id}"), self)
 
     def list(self) -> Iterator[Dataset]:
         """Every dataset of the workspace, newest first, page after page."""
-        return (Dataset.from_api(d) for d in self.api.paginate("/datasets"))
+        return (Dataset.from_api(d, self) for d in self.api.paginate("/datasets"))
+
+    def preview(self, dataset_id: str, *, rows: int = 5) -> list:
+        """The first `rows` rows (at most 50) of an uploaded or volume dataset."""
+        body = self.api.request("GET", f"/datasets/{dataset_id}/preview", params={"rows": rows})
+        return body["rows"]
+
+    def delete(self, dataset_id: str) -> None:
+        """Refused (ConflictError, naming them) while a job or OpenAI file uses the dataset."""
+        self.api.request("DELETE", f"/datasets/{dataset_id}")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from veri.errors import Conflict, NotFound, TooLarge, VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from veri.regions import available_region_codes, default_region
-from volumes.models import PinnedFile, StoreDeletion, Upload, Volume, VolumeFile
+from volumes.models import PinnedFile, StoreDeletion, Upload, UsageSnapshot, Volume, VolumeFile
 from volumes.stores import StoreError, StoreUnavailable, keys, store_for
 
 NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{0,127}")
@@ -399,6 +399,23 @@ def _record_completions(
         if key not in live
     )
     volume.refresh_from_db(fields=["file_count", "total_bytes"])
+    record_usage(volume=volume)
+
+
+def record_usage(*, volume: Volume) -> None:
+    """This hour's usage snapshot says what the volume holds now, so its chart is right from the
+    first file (the hourly run only adds the hours no change wrote). Called under the volume's
+    row lock, where its counters are exact."""
+    UsageSnapshot.objects.update_or_create(
+        volume_ref=volume.public_id,
+        hour=timezone.now().replace(minute=0, second=0, microsecond=0),
+        defaults={
+            "volume": volume,
+            "workspace_id": volume.workspace_id,
+            "file_count": volume.file_count,
+            "total_bytes": volume.total_bytes,
+        },
+    )
 
 
 def abort_upload(*, upload: Upload) -> Upload:

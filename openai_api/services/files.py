@@ -43,7 +43,8 @@ def create_file(*, workspace: Workspace, upload, purpose: str) -> File:
         raise VeriError("Send the file as multipart field `file`.", field="file")
     name = (upload.name or "file")[:255]
     if purpose == File.Purpose.FINE_TUNE:
-        dataset = datasets.create_uploaded_dataset(workspace=workspace, file=upload, name=name)
+        # Two files of the same bytes are one dataset: deleting a file never touches its dataset.
+        dataset, _ = datasets.create_uploaded_dataset(workspace=workspace, file=upload, name=name)
         _check_trainable(dataset)
         return File.objects.create(
             workspace=workspace,

@@ -4,6 +4,7 @@ volume by its name, API keys shown once, and lists whose query count does not gr
 
 import html
 import io
+import json
 import re
 
 import pytest
@@ -18,6 +19,7 @@ from django.utils import timezone
 from billing.models import Refund
 from billing.services import open_billing_account
 from tests.billing.test_ledger import failed_after_an_hour
+from tests.conftest import fill_volume
 from tests.dashboard.conftest import PASSWORD, member_of, signed_in
 from tests.training.conftest import job_body, upload_dataset
 from training import errors
@@ -311,3 +313,28 @@ def test_create_workspace_with_an_owner_makes_an_account_that_can_sign_in(db, mo
     with pytest.raises(CommandError, match="too short"):
         create_workspace("gamma", "--owner", "new@example.com", "--password-env", "SHORT")
     assert not Workspace.objects.filter(name="gamma").exists()  # nothing half-made
+
+
+def test_a_datasets_page_shows_its_first_rows_and_deletes_it_unless_used(browser, dataset, submit):
+    page = browser.get("/datasets/").content.decode()
+    assert f"/datasets/{dataset['id']}/" in page and f"{dataset['size_bytes']} B" in page
+    detail = browser.get(f"/datasets/{dataset['id']}/").content.decode()
+    assert html.escape('"prompt": "What is 0 + 0?"') in detail
+    assert html.escape('"prompt": "What is 5 + 5?"') not in detail  # the first five rows only
+    job = submit()
+    refused = browser.post(f"/datasets/{dataset['id']}/delete/", follow=True).content.decode()
+    assert f"used by job {job.public_id}" in html.unescape(refused)
+    assert TrainingJob.objects.filter(dataset__public_id=dataset["id"]).exists()
+    job.delete()
+    deleted = browser.post(f"/datasets/{dataset['id']}/delete/", follow=True).content.decode()
+    assert "Deleted dataset" in deleted and f"/datasets/{dataset['id']}/" not in deleted
+
+
+def test_the_volume_page_writes_sizes_in_binary_units(browser, billed, settings, local_store_url):
+    settings.VERI_STORE = local_store_url
+    fill_volume(billed, "corpus", {"small.txt": b"x" * 234, "big.bin": b"x" * 552_038})
+    page = browser.get("/volumes/corpus/").content.decode()
+    assert "234 B" in page and "539.1 KiB" in page and "539.3 KiB" in page
+    assert "234 bytes" not in page and " KB" not in page
+    usage = json.loads(html.unescape(re.search(r'data-series="([^"]*)"', page).group(1)))
+    assert [point["bytes"] for point in usage] == [552_272]  # drawn from the first upload

@@ -21,7 +21,13 @@ from tests.training.conftest import GRPO_ROWS, REWARD, worker_client
 from training import tasks
 from training.models import TrainingJob
 from training.services import jobs
-from veri_sdk import Client, InsufficientBalanceError, InvalidRewardError, NotFoundError
+from veri_sdk import (
+    Client,
+    ConflictError,
+    InsufficientBalanceError,
+    InvalidRewardError,
+    NotFoundError,
+)
 from veri_sdk.cli import main
 from veri_sdk.training import DownloadFailed
 from worker.runner import registration
@@ -449,3 +455,24 @@ def test_a_validation_dataset_from_the_sdk_and_from_a_job_file(cli, capsys, acco
     assert code == 0, out + err
     job = TrainingJob.objects.select_related("validation_dataset").latest("created_at")
     assert (job.validation_dataset.row_count, job.dataset.row_count) == (1, len(GRPO_ROWS))
+
+
+def test_datasets_dedup_preview_and_delete_from_the_sdk_and_cli(cli, capsys, account, tmp_path):
+    client = Client()
+    first = client.datasets.upload(dataset_file(tmp_path))
+    code, out, _ = cli("datasets", "upload", dataset_file(tmp_path), capsys=capsys)
+    assert code == 0 and out.split()[0] == first.id  # the same bytes: the same dataset
+    assert client.datasets.upload(dataset_file(tmp_path)).id == first.id
+    assert first.preview(rows=2) == GRPO_ROWS[:2]
+    code, out, _ = cli("datasets", "preview", first.id, capsys=capsys)
+    assert code == 0 and [json.loads(line) for line in out.splitlines()] == GRPO_ROWS[:5]
+    job_id = submit(client, tmp_path)
+    with pytest.raises(ConflictError, match=job_id):
+        first.delete()
+    code, _, err = cli("datasets", "delete", first.id, capsys=capsys)
+    assert code != 0 and job_id in err
+    TrainingJob.objects.filter(public_id=job_id).delete()
+    code, out, _ = cli("datasets", "delete", first.id, capsys=capsys)
+    assert code == 0 and first.id in out
+    with pytest.raises(NotFoundError):
+        client.datasets.get(first.id)

@@ -38,7 +38,8 @@ def test_concurrent_twins_with_one_key_do_the_work_once(
     endpoint, api_client, billed, cloud, settings, local_store_url
 ):
     settings.VERI_STORE = local_store_url
-    dataset = upload_dataset(api_client, GRPO_ROWS)
+    # Not jsonl_file()'s bytes: those would be this dataset again rather than a new one.
+    dataset = upload_dataset(api_client, GRPO_ROWS[:4])
     Volume.objects.create(workspace=billed, name="corpus", region="us-east-1")
     _, raw_key = veri_services.create_api_key(workspace=billed, name="race")
     before = {

@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("--revision", default="main")
     hf.set_defaults(run=jobs.cmd_datasets_connect_hf)
     _json_flag(dc.add_parser("list", help="list datasets")).set_defaults(run=jobs.cmd_datasets_list)
+    preview = _json_flag(dc.add_parser("preview", help="print a dataset's first rows"))
+    preview.add_argument("dataset_id")
+    preview.add_argument("--rows", type=int, default=5, help="how many (at most 50)")
+    preview.set_defaults(run=jobs.cmd_datasets_preview)
+    ds_delete = dc.add_parser("delete", help="delete a dataset no job uses")
+    ds_delete.add_argument("dataset_id")
+    ds_delete.set_defaults(run=jobs.cmd_datasets_delete)
 
     jb = commands.add_parser("jobs", help="training jobs")
     jc = jb.add_subparsers(dest="jobs_command", required=True)

@@ -1,5 +1,7 @@
 """`veri jobs …`, `veri datasets …`, `veri regions list`, `veri gpu list`, `veri billing`."""
 
+import json
+import sys
 import time
 
 from veri_sdk.cli.output import err, out, print_json, print_table, table
@@ -178,6 +180,22 @@ def cmd_datasets_list(args, client) -> int:
         rows = "-" if d["row_count"] is None else str(d["row_count"])
         listing.add_row(d["id"], d["source"], d["name"], rows, d["created_at"])
     print_table(listing)
+    return 0
+
+
+def cmd_datasets_preview(args, client) -> int:
+    rows = client.datasets.preview(args.dataset_id, rows=args.rows)
+    if args.json:
+        print_json(rows)
+        return 0
+    for row in rows:  # as the file has them, one JSON row a line; never read as markup
+        sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return 0
+
+
+def cmd_datasets_delete(args, client) -> int:
+    client.datasets.delete(args.dataset_id)
+    out.print(f"Deleted {args.dataset_id}.")
     return 0
 
 

@@ -349,11 +349,12 @@ function setupUsage(figure) {
   new ResizeObserver(() => plot.setSize({ width: Math.max(figure.clientWidth, 200), height: 200 })).observe(figure);
 }
 
+// Binary units, spelled as the CLI and the `binary_size` filter spell them.
 function formatBytes(n) {
-  const units = ["B", "KB", "MB", "GB", "TB"];
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
-  while (n >= 1000 && i < units.length - 1) { n /= 1000; i += 1; }
-  return `${n.toFixed(n >= 10 || i === 0 ? 0 : 1)} ${units[i]}`;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return i === 0 ? `${n.toFixed(0)} B` : `${n.toFixed(1)} ${units[i]}`;
 }
 
 document.addEventListener("DOMContentLoaded", () => {
