@@ -217,12 +217,12 @@ def _as_openai_param(exc: VeriError, kind: str) -> VeriError:
 
 
 def _submission(
-    *, workspace: Workspace, body: dict, kind: str, hyperparameters: dict, file: File
-) -> tuple[training_jobs.Submission, dict | None]:
+    *, body: dict, kind: str, hyperparameters: dict, file: File
+) -> training_jobs.Submission:
+    """The Veri job an OpenAI create asks for (its files already checked)."""
     veri, per_epoch = translate_hyperparameters(
         kind, hyperparameters, rows=file.dataset.row_count or 1
     )
-    grader = None
     reward_source = ""
     if kind == "reinforcement":
         grader = (body["method"].get("reinforcement") or {}).get("grader")
@@ -243,7 +243,7 @@ def _submission(
         seed = secrets.randbelow(2**31)
     elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
         raise VeriError("seed must be a whole number from 0 to 2147483647.", field="seed")
-    submission = training_jobs.Submission(
+    return training_jobs.Submission(
         base_model=body.get("model") or "",
         dataset_id=file.dataset.public_id,
         method=METHODS[kind],
@@ -259,7 +259,6 @@ def _submission(
         checkpoint_keep=CHECKPOINTS_KEPT,
         max_cost_usd=options.get("max_cost_usd"),
     )
-    return submission, grader
 
 
 def create_job(*, workspace: Workspace, body: dict) -> FineTuningJob:
@@ -287,8 +286,7 @@ def create_job(*, workspace: Workspace, body: dict) -> FineTuningJob:
     metadata = _metadata(body.get("metadata"))
     body = body | {"method": method}
     try:
-        submission, _ = _submission(
-            workspace=workspace,
+        submission = _submission(
             body=body,
             kind=kind,
             hyperparameters=hyperparameters,
