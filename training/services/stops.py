@@ -33,10 +33,9 @@ def pause_job(*, job: TrainingJob, now: datetime) -> TrainingJob:
     return job
 
 
-def end_paused(*, job_id: int, step: int | None = None) -> TrainingJob:
+def end_paused(*, job_id: int) -> TrainingJob:
     """The paused run stopped (or its grace ran out): it ends cancelled, by the customer."""
-    detail = {"by": "customer", "paused": True} | ({"step": step} if step is not None else {})
-    return transition_job(job_id=job_id, to=S.CANCELLED, detail=detail)
+    return transition_job(job_id=job_id, to=S.CANCELLED, detail={"by": "customer", "paused": True})
 
 
 def request_stop(*, job: TrainingJob, code: str, message: str, now: datetime) -> bool:
