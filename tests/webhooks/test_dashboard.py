@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 def test_add_test_read_and_delete_an_endpoint(browser, receiver):
     response = browser.post(
         "/webhooks/",
-        {"url": receiver.url, "event_types": "training_job.failed, training_job.cancelled"},
+        {"url": receiver.url, "event_types": ["training_job.failed", "training_job.cancelled"]},
         follow=True,
     )
     page = response.content.decode()
