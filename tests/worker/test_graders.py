@@ -431,8 +431,9 @@ def test_a_misbehaving_grader_gives_an_error_not_an_exception(source, message):
     assert_runtime_error(result, message)
 
 
-@pytest.mark.skipif(not sandbox.isolated(), reason="only the root sandbox cuts the network")
 def test_an_isolated_grader_has_no_network():
+    # The suite runs as root (CI does), where graders get the sandbox that cuts the network.
+    assert sandbox.isolated(), "run the suite as root: only the root sandbox cuts the network"
     source = (
         "import socket\n"
         "def grade(sample, item):\n"
