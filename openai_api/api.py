@@ -168,7 +168,11 @@ def _list_after(request: Request, items: list[dict], *, default_limit: int) -> R
 class EventsView(JobScoped):
     def get(self, request: Request, job_id: str) -> Response:
         ft = self.ft(job_id)
-        return _list_after(request, objects.events(ft, selectors.runs(ft=ft)), default_limit=20)
+        limit = query_int(request, "limit", 20, low=1, high=1000)
+        after = request.query_params.get("after")
+        items, has_more = selectors.event_page(ft=ft, after=after, limit=limit)
+        data = [objects.event_object(ft, item) for item in items]
+        return _page(data, data, has_more=has_more)
 
 
 @SCHEMA

@@ -11,6 +11,9 @@ from training import hooks
 from training.models import Checkpoint, JobEvent, JobStatus, MetricPoint, TrainingJob
 from veri.money import usd
 
+# A warning's index in `FineTuningJob.warnings`, a Veri job event or a step's metrics.
+EventItem = int | JobEvent | MetricPoint
+
 S = JobStatus
 STATUSES = {
     S.QUEUED: "queued",
@@ -208,59 +211,38 @@ def _metrics_message(point: MetricPoint, total: int | None) -> tuple[str, dict]:
     return f"{step}: {shown}" if shown else step, data
 
 
-def events(ft: FineTuningJob, jobs: list[TrainingJob]) -> list[dict]:
-    """Every event of the job's Veri runs, newest first: status changes, warnings, metrics."""
-    found: list[tuple[float, int, dict]] = []
-    for index, warning in enumerate(ft.warnings):
-        found.append(
-            (
-                ft.created_at.timestamp(),
-                index,
-                {
-                    "id": f"ftevent-w{ft.pk}x{index}",
-                    "created_at": seconds(ft.created_at),
-                    "level": "warn",
-                    "message": warning,
-                    "type": "message",
-                    "data": {},
-                },
-            )
-        )
-    for job in jobs:
-        total = job.hyperparameters.get("max_steps")
-        for event in job.events.all():
-            found.append(
-                (
-                    event.at.timestamp(),
-                    event.pk,
-                    {
-                        "id": f"ftevent-e{event.pk}",
-                        "created_at": seconds(event.at),
-                        "level": LEVELS.get(event.type, "info"),
-                        "message": _message(event),
-                        "type": "message",
-                        "data": event.detail or {},
-                    },
-                )
-            )
-        for point in job.metric_points.all():
-            message, data = _metrics_message(point, total)
-            found.append(
-                (
-                    point.at.timestamp(),
-                    point.pk,
-                    {
-                        "id": f"ftevent-m{point.pk}",
-                        "created_at": seconds(point.at),
-                        "level": "info",
-                        "message": message,
-                        "type": "metrics",
-                        "data": data,
-                    },
-                )
-            )
-    found.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    return [{"object": "fine_tuning.job.event", **event} for _, _, event in found]
+def event_object(ft: FineTuningJob, item: EventItem) -> dict:
+    """One of the job's events (a warning given at creation, a Veri job event or a step's
+    metrics) as OpenAI's event object."""
+    if isinstance(item, JobEvent):
+        fields = {
+            "id": f"ftevent-e{item.pk}",
+            "created_at": seconds(item.at),
+            "level": LEVELS.get(item.type, "info"),
+            "message": _message(item),
+            "type": "message",
+            "data": item.detail or {},
+        }
+    elif isinstance(item, MetricPoint):
+        message, data = _metrics_message(item, item.job.hyperparameters.get("max_steps"))
+        fields = {
+            "id": f"ftevent-m{item.pk}",
+            "created_at": seconds(item.at),
+            "level": "info",
+            "message": message,
+            "type": "metrics",
+            "data": data,
+        }
+    else:
+        fields = {
+            "id": f"ftevent-w{ft.pk}x{item}",
+            "created_at": seconds(ft.created_at),
+            "level": "warn",
+            "message": ft.warnings[item],
+            "type": "message",
+            "data": {},
+        }
+    return {"object": "fine_tuning.job.event", **fields}
 
 
 def checkpoint_object(ft: FineTuningJob, checkpoint: Checkpoint, metrics: dict) -> dict:

@@ -61,6 +61,12 @@ def wait_for_status(client, job_id: str, wanted: set[str], timeout: float = 300)
     raise AssertionError(f"{job_id} still {job.status} after {timeout} s")
 
 
+def newest_steps(client, job_id: str) -> list[int]:
+    """The steps of the metrics events on the first (newest) page: a poll of a long run."""
+    events = client.fine_tuning.jobs.list_events(job_id, limit=50).data
+    return [e.data["step"] for e in events if e.type == "metrics"]
+
+
 def metrics_events(client, job_id: str) -> list[dict]:
     events = client.fine_tuning.jobs.list_events(job_id, limit=3)  # many pages: auto-paginated
     return sorted((e.data for e in events if e.type == "metrics"), key=lambda data: data["step"])
@@ -301,7 +307,7 @@ def test_pause_resume_and_cancel(
     first_run = job.model_extra["veri_job_id"]
     wait_for_status(client, job.id, {"running"})
     deadline = time.monotonic() + 120
-    while not metrics_events(client, job.id):
+    while not newest_steps(client, job.id):
         assert time.monotonic() < deadline, log_of(api_client, first_run)
         time.sleep(0.5)
     assert client.fine_tuning.jobs.pause(job.id).status == "paused"
@@ -318,7 +324,7 @@ def test_pause_resume_and_cancel(
     assert resumed.model_extra["veri_job_id"] != first_run
     running = wait_for_status(client, job.id, {"running"})
     deadline = time.monotonic() + 120
-    while not [m for m in metrics_events(client, job.id) if m["step"] > paused_at]:
+    while not [step for step in newest_steps(client, job.id) if step > paused_at]:
         assert time.monotonic() < deadline, "the resumed run trained no step"
         time.sleep(0.5)
     assert client.fine_tuning.jobs.cancel(running.id).status == "cancelled"

@@ -2,6 +2,8 @@
 files, job creation and its refusals, listing with the client's auto-pagination, workspace
 scoping, errors in OpenAI's shape, graders. (Jobs that train: tests/e2e/test_openai_fine_tuning.)"""
 
+from datetime import timedelta
+
 import httpx
 import openai
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from billing.services import open_billing_account
 from tests.conftest import fill_volume
 from tests.openai_api.conftest import CHAT_ROWS, PREFERENCE_ROWS, jsonl, openai_client
+from training.models import MetricPoint, TrainingJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TINY = "volume://models/tiny"
@@ -271,3 +274,34 @@ def test_legacy_hyperparameters_auto_and_ignored_options(client, api_client, fun
     assert [e.message for e in warnings] == [
         "reasoning_effort is ignored: the open models Veri trains have no reasoning effort setting."
     ]
+
+
+def test_events_page_newest_first_through_a_long_run(client, funded, models_volume):
+    chat = client.files.create(file=("chat.jsonl", jsonl(CHAT_ROWS)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=TINY,
+        training_file=chat.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"batch_size": 1}}},
+    )
+    run = TrainingJob.objects.get(public_id=job.model_extra["veri_job_id"])
+    start = run.events.get().at  # queued: the points come after it and before the cancel
+    # A long run's metrics, two to an instant (events that share a time keep their order).
+    MetricPoint.objects.bulk_create(
+        MetricPoint(job=run, step=step, at=start + timedelta(milliseconds=step // 2), values={})
+        for step in range(1, 41)
+    )
+    client.fine_tuning.jobs.cancel(job.id)
+
+    whole = client.fine_tuning.jobs.list_events(job.id, limit=1000)
+    assert not whole.has_more
+    paged = list(client.fine_tuning.jobs.list_events(job.id, limit=3))  # 14 pages
+    assert [e.id for e in paged] == [e.id for e in whole.data]
+    assert len({e.id for e in paged}) == len(paged) == 40 + 2  # and queued, cancelled
+    assert [e.data["step"] for e in paged if e.type == "metrics"] == list(range(40, 0, -1))
+    assert [e.created_at for e in paged] == sorted((e.created_at for e in paged), reverse=True)
+    assert paged[0].message == "The job was cancelled"
+    assert paged[-1].message == "Fine-tuning job queued"
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.list_events(job.id, after="ftevent-m999999")
+    assert caught.value.param == "after"
