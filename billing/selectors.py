@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from billing.models import JobBilling, LedgerEntry
 from providers import catalog
-from training.hooks import JobMoney
+from training.hooks import JobEntry, JobMoney
 from training.models import TERMINAL, TrainingJob
 from veri.models import Workspace
 
@@ -37,6 +37,30 @@ def job_money(*, job: TrainingJob) -> JobMoney:
         billing_deducted_at=record.billing_deducted_at if record else None,
         refund_status=refund.status if refund else None,
         refund_micros=refund.amount_micros if refund else None,
+        entries=tuple(_job_entry(e) for e in sorted(job.ledgerentry_set.all(), key=_pk)),
+    )
+
+
+def _pk(entry: LedgerEntry) -> int:
+    return entry.pk
+
+
+# An entry's reason, from the idempotency key it was written under (`services.charge_job`,
+# `credit_lost_compute`, `credit_refund`).
+_REASONS = {"job_charge": "compute", "lost_compute": "lost_compute", "refund_credit": "refund"}
+
+
+def _job_entry(entry: LedgerEntry) -> JobEntry:
+    prefix, *rest = entry.idempotency_key.split(":")
+    reason = _REASONS.get(prefix, entry.kind)
+    attempt = int(rest[-1]) if reason == "lost_compute" and len(rest) == 2 else None
+    return JobEntry(
+        kind=entry.kind,
+        reason=reason,
+        amount_micros=entry.amount_micros,
+        description=entry.description,
+        at=entry.created_at,
+        attempt=attempt,
     )
 
 

@@ -3,6 +3,8 @@ the small JSON reads its scripts poll for live updates. Reads go through the wor
 selectors (another workspace's job is 404); changes through the training services."""
 
 import json
+import math
+from dataclasses import dataclass
 
 from django.core.paginator import Paginator
 from django.db.models import Q
@@ -14,7 +16,7 @@ from django.views.decorators.http import require_POST
 from billing import selectors as billing_selectors
 from dashboard.forms import SUBMIT_FIELDS, NewJobForm
 from dashboard.workspaces import int_param, or_404, workspace_view
-from training import errors, selectors
+from training import errors, reuse, selectors, specs
 from training.models import JobStatus
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
@@ -24,7 +26,7 @@ from veri.money import usd
 
 PAGE = 25
 LOG_LINES = 1000
-SAMPLES = 200
+SAMPLE_GROUPS = 10  # prompts (each with its rollouts) on a page of the Samples table
 
 
 def _job(request, job_id: str):
@@ -80,15 +82,14 @@ def _cost_usd(job) -> str | None:
 
 
 def _parameters(job) -> list[tuple[str, object, bool]]:
-    """The submit parameters as (name, value, shown as code)."""
+    """The submit parameters as (name, value, shown as code); hyperparameters and LoRA are
+    `_settings`' tables."""
     rows = [
         ("provider", job.provider, False),
         ("region", job.region, False),
         ("GPU", f"{job.gpu_count}x {job.gpu_type}", False),
         ("dataset", job.dataset.public_id, True),
         ("output name", job.output_name or "—", False),
-        ("hyperparameters", json.dumps(job.hyperparameters, sort_keys=True), True),
-        ("LoRA", json.dumps(job.lora, sort_keys=True) if job.lora else "defaults", bool(job.lora)),
         ("checkpoint every", job.checkpoint_every or "—", False),
         ("budget cap", f"{usd(job.max_cost_micros)} USD" if job.max_cost_micros else "—", False),
     ]
@@ -96,6 +97,74 @@ def _parameters(job) -> list[tuple[str, object, bool]]:
         checkpoint = job.resume_from
         rows.append(("resumed from", f"{checkpoint.public_id} (step {checkpoint.step})", True))
     return rows
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: str
+    default: str | None  # the default's value; None when there is none for this method
+
+    @property
+    def is_default(self) -> bool:
+        return self.value == self.default
+
+
+def _shown(value) -> str:
+    return "—" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+def _settings(values: dict, defaults: dict) -> list[Setting]:
+    """Each value the job ran with beside the default it would have had (`training.specs`, the
+    one table of defaults): the defaults first, in their order, then the other names given."""
+    names = list(defaults) + sorted(set(values) - set(defaults))
+    return [
+        Setting(name, _shown(values.get(name, defaults.get(name))), _default(defaults, name))
+        for name in names
+    ]
+
+
+def _default(defaults: dict, name: str) -> str | None:
+    return _shown(defaults[name]) if name in defaults else None
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    event: object
+    step: int | None
+    detail: str
+
+
+def _timeline(events) -> list[TimelineEntry]:
+    """Each event with its step and what it says: its message, else its other details."""
+    entries = []
+    for event in events:
+        detail = dict(event.detail)
+        step = detail.pop("step", None)
+        text = detail.pop("message", "")
+        if not text:
+            text = ", ".join(
+                f"{key.replace('_', ' ')} {value}"
+                for key, value in detail.items()
+                if isinstance(value, str | int | float) and not isinstance(value, bool)
+            )
+            flags = [key for key, value in detail.items() if value is True]
+            text = ", ".join(filter(None, [text, *flags]))
+        entries.append(TimelineEntry(event, step if isinstance(step, int) else None, text))
+    return entries
+
+
+def _runs(job, money) -> list[dict]:
+    """Each restarted run's compute, kept (charged) and lost (credited back), and its credit."""
+    return [
+        {
+            "attempt": a,
+            "kept_usd": usd(a.kept_micros),
+            "lost_usd": usd(a.lost_micros),
+            "credited": money.credit_for_attempt(a.number),
+        }
+        for a in job.attempts.all()
+    ]
 
 
 @workspace_view
@@ -107,12 +176,14 @@ def job_detail(request, job_id: str):
     accrued, cost_usd = None, _cost_usd(job)
     if cost_usd is None and instance and instance.launched_at:
         accrued = usd(billing_selectors.job_accrued_micros(job=job))
+    money = billing_selectors.job_money(job=job)
+    submission = job_services.submission_of(job)
     return render(
         request,
         "dashboard/job.html",
         {
             "job": job,
-            "events": selectors.list_events(job=job).order_by("pk"),
+            "timeline": _timeline(selectors.list_events(job=job).order_by("pk")),
             "checkpoints": checkpoints,
             "catalog_error": errors.CATALOG.get(job.error_code),
             "refund": refund,
@@ -120,6 +191,18 @@ def job_detail(request, job_id: str):
             "cost_usd": cost_usd,
             "accrued_usd": accrued,
             "parameters": _parameters(job),
+            "hyperparameters": _settings(job.hyperparameters, specs.DEFAULTS.get(job.method, {})),
+            "lora": _settings(job.lora, specs.LORA_DEFAULTS),
+            "copy_as": {
+                "TOML": reuse.as_toml(submission),
+                "CLI": reuse.as_cli(submission),
+                "SDK": reuse.as_sdk(submission),
+            },
+            "money": money,
+            "credits": [e for e in money.entries if e.amount_micros > 0],
+            "credited_usd": usd(money.credited_micros) if money.credited_micros else None,
+            "net_usd": usd(money.net_micros) if money.net_micros is not None else None,
+            "runs": _runs(job, money),
         },
     )
 
@@ -176,24 +259,57 @@ def job_metrics(request, job_id: str):
     )
 
 
+def _float_param(request, name: str) -> float | None:
+    try:
+        value = float(request.GET[name])
+    except (KeyError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 @workspace_view
 def job_samples(request, job_id: str):
-    """The newest sampled completions and the job's alarms (the Samples tab)."""
+    """One page of the Samples table: rollouts grouped by step and prompt, filtered by `step`,
+    `min_reward` and `max_reward`, ordered by `sort` (`-step`, `step`, `-reward`, `reward`: a
+    group's mean reward); with the job's alarms."""
     job = _job(request, job_id)
-    samples = selectors.list_samples(job=job).order_by("-step", "index")[:SAMPLES]
+    step = int_param(request, "step", -1)
+    found = selectors.sample_groups(
+        job=job,
+        step=step if step >= 0 else None,
+        min_reward=_float_param(request, "min_reward"),
+        max_reward=_float_param(request, "max_reward"),
+        order=request.GET.get("sort", "-step"),
+    )
+    page = Paginator(found.groups, SAMPLE_GROUPS).get_page(request.GET.get("page"))
+    groups = list(page)
+    rollouts = found.rollouts_of(groups)
     alarms = selectors.list_events(job=job).filter(type__startswith="alarm_").order_by("pk")
     return JsonResponse(
         {
-            "samples": [
+            "groups": [
                 {
-                    "step": s.step,
-                    "prompt": s.prompt,
-                    "completion": s.completion,
-                    "reward": s.reward,
-                    "rewards": s.rewards,
+                    "step": g["step"],
+                    "prompt": g["prompt"],
+                    "mean_reward": g["mean_reward"],
+                    "best_reward": g["best_reward"],
+                    "rollouts": [
+                        {
+                            "index": s.index,
+                            "completion": s.completion,
+                            "reward": s.reward,
+                            "rewards": s.rewards,
+                        }
+                        for s in rollouts.get((g["step"], g["prompt"]), [])
+                    ],
                 }
-                for s in samples
+                for g in groups
             ],
+            "page": page.number,
+            "pages": page.paginator.num_pages,
+            "total_groups": page.paginator.count,
+            "total_rollouts": found.samples.count(),
+            "steps": selectors.sampled_steps(job=job),
             "alarms": [
                 {"type": a.type, "at": a.at.isoformat(), "message": a.detail.get("message", "")}
                 for a in alarms

@@ -83,6 +83,25 @@ class RestartOut(serializers.Serializer):
     checkpoint_step = serializers.IntegerField(allow_null=True)
     kept_usd = serializers.CharField(help_text="compute up to its last checkpoint: charged")
     lost_usd = serializers.CharField(help_text="compute after it: credited back")
+    credited_usd = serializers.CharField(
+        allow_null=True, help_text="the credit written for lost_usd; null until the job settles"
+    )
+
+
+class LedgerLineOut(serializers.Serializer):
+    """A ledger entry written for the job: its charge, or money credited back, and why."""
+
+    kind = serializers.ChoiceField(["job_charge", "refund_credit", "adjustment"])
+    reason = serializers.CharField(
+        help_text="compute (the charge), lost_compute (a restarted run's compute after its last "
+        "checkpoint), refund (a failed job's refund), or adjustment (an operator's)"
+    )
+    amount_usd = serializers.CharField(help_text="negative for the charge, positive for a credit")
+    description = serializers.CharField()
+    attempt = serializers.IntegerField(
+        allow_null=True, help_text="the restarted run a lost_compute credit is for"
+    )
+    at = serializers.DateTimeField()
 
 
 class JobOut(serializers.ModelSerializer):
@@ -101,6 +120,9 @@ class JobOut(serializers.ModelSerializer):
     max_cost_usd = serializers.SerializerMethodField()
     refund = serializers.SerializerMethodField()
     restarts = serializers.SerializerMethodField()
+    credited_usd = serializers.SerializerMethodField()
+    net_cost_usd = serializers.SerializerMethodField()
+    ledger = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
@@ -141,6 +163,9 @@ class JobOut(serializers.ModelSerializer):
             "cost_attributed_at",
             "billing_deducted_at",
             "refund",
+            "credited_usd",
+            "net_cost_usd",
+            "ledger",
             "last_step",
             "metrics_summary",
         ]
@@ -188,8 +213,31 @@ class JobOut(serializers.ModelSerializer):
                 "checkpoint_step": a.checkpoint_step,
                 "kept_usd": usd(a.kept_micros),
                 "lost_usd": usd(a.lost_micros),
+                "credited_usd": _usd_or_none(self._money(job).credit_for_attempt(a.number)),
             }
             for a in job.attempts.all()
+        ]
+
+    @extend_schema_field(serializers.CharField())
+    def get_credited_usd(self, job: TrainingJob) -> str:
+        return usd(self._money(job).credited_micros)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_net_cost_usd(self, job: TrainingJob) -> str | None:
+        return _usd_or_none(self._money(job).net_micros)
+
+    @extend_schema_field(LedgerLineOut(many=True))
+    def get_ledger(self, job: TrainingJob) -> list[dict]:
+        return [
+            {
+                "kind": e.kind,
+                "reason": e.reason,
+                "amount_usd": usd(e.amount_micros),
+                "description": e.description,
+                "attempt": e.attempt,
+                "at": _datetime(e.at),
+            }
+            for e in self._money(job).entries
         ]
 
     @extend_schema_field(RefundOut(allow_null=True))
@@ -198,6 +246,10 @@ class JobOut(serializers.ModelSerializer):
         if money.refund_status is None:
             return None
         return {"status": money.refund_status, "amount_usd": usd(money.refund_micros or 0)}
+
+
+def _usd_or_none(micros: int | None) -> str | None:
+    return None if micros is None else usd(micros)
 
 
 def _datetime(value) -> str | None:

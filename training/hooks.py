@@ -19,6 +19,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class JobEntry:
+    """One ledger entry written for the job: its charge, a credit, an operator's adjustment."""
+
+    kind: str  # the ledger's kind: job_charge, refund_credit, adjustment
+    # compute (the charge), lost_compute (a restarted run's compute after its last checkpoint),
+    # refund (the catalog's refund of a failed job), or the ledger kind for anything else
+    reason: str
+    amount_micros: int  # charges negative, credits positive
+    description: str
+    at: datetime
+    attempt: int | None = None  # the restarted run a lost_compute credit pays back
+
+
+@dataclass(frozen=True, slots=True)
 class JobMoney:
     """A job's money as billing keeps it, for training's API to show (None: not yet)."""
 
@@ -27,6 +41,22 @@ class JobMoney:
     billing_deducted_at: datetime | None = None  # charged to the ledger (also when 0)
     refund_status: str | None = None
     refund_micros: int | None = None
+    entries: tuple[JobEntry, ...] = ()  # oldest first
+
+    @property
+    def credited_micros(self) -> int:
+        """Everything credited back for the job so far (lost compute, refund, adjustments)."""
+        return sum(e.amount_micros for e in self.entries if e.amount_micros > 0)
+
+    @property
+    def net_micros(self) -> int | None:
+        """What the job costs once its credits are taken off (None until it is attributed)."""
+        return None if self.cost_micros is None else self.cost_micros - self.credited_micros
+
+    def credit_for_attempt(self, number: int) -> int | None:
+        """The credit written for a restarted run's lost compute (None: not credited yet)."""
+        amounts = [e.amount_micros for e in self.entries if e.attempt == number]
+        return sum(amounts) if amounts else None
 
 
 class Money(Protocol):

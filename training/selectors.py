@@ -1,7 +1,9 @@
 """Reads of training objects, always within one workspace."""
 
+from dataclasses import dataclass
+
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Avg, Count, Max, Min, Q, QuerySet
 
 from training.models import (
     Checkpoint,
@@ -36,7 +38,8 @@ def list_jobs(*, workspace: Workspace) -> QuerySet[TrainingJob]:
         .select_related(
             "workspace", "dataset", "validation_dataset", "resume_from", "billing", "refund"
         )
-        .prefetch_related("attempts")
+        # and the job's ledger entries (its charge and credits), one query for the whole list
+        .prefetch_related("attempts", "ledgerentry_set")
     )
 
 
@@ -61,6 +64,69 @@ def list_metrics(*, job: TrainingJob) -> QuerySet[MetricPoint]:
 
 def list_samples(*, job: TrainingJob) -> QuerySet[Sample]:
     return Sample.objects.filter(job=job)
+
+
+# How sample groups may be ordered: newest or oldest step, highest or lowest mean reward.
+SAMPLE_ORDERS = {
+    "-step": ("-step", "first_index"),
+    "step": ("step", "first_index"),
+    "-reward": ("-mean_reward", "-step", "first_index"),
+    "reward": ("mean_reward", "-step", "first_index"),
+}
+
+
+@dataclass(frozen=True)
+class SampleGroups:
+    """A job's samples, filtered, as groups of one step's rollouts of one prompt."""
+
+    groups: QuerySet  # {step, prompt, rollouts, mean_reward, best_reward, first_index}, ordered
+    samples: QuerySet[Sample]  # the filtered rollouts the groups are made of
+
+    def rollouts_of(self, groups: list[dict]) -> dict[tuple[int, str], list[Sample]]:
+        """Each given group's rollouts, best reward first."""
+        if not groups:
+            return {}
+        match = Q()
+        for group in groups:
+            match |= Q(step=group["step"], prompt=group["prompt"])
+        found: dict[tuple[int, str], list[Sample]] = {}
+        for sample in self.samples.filter(match).order_by("-reward", "index"):
+            found.setdefault((sample.step, sample.prompt), []).append(sample)
+        return found
+
+
+def sample_groups(
+    *,
+    job: TrainingJob,
+    step: int | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    order: str = "-step",
+) -> SampleGroups:
+    """The job's rollouts within the filters, grouped by (step, prompt): a GRPO step samples each
+    prompt several times, and those rollouts are read together."""
+    samples = list_samples(job=job)
+    if step is not None:
+        samples = samples.filter(step=step)
+    if min_reward is not None:
+        samples = samples.filter(reward__gte=min_reward)
+    if max_reward is not None:
+        samples = samples.filter(reward__lte=max_reward)
+    groups = (
+        samples.values("step", "prompt")
+        .annotate(
+            rollouts=Count("pk"),
+            mean_reward=Avg("reward"),
+            best_reward=Max("reward"),
+            first_index=Min("index"),
+        )
+        .order_by(*SAMPLE_ORDERS.get(order, SAMPLE_ORDERS["-step"]))
+    )
+    return SampleGroups(groups=groups, samples=samples)
+
+
+def sampled_steps(*, job: TrainingJob) -> list[int]:
+    return list(list_samples(job=job).values_list("step", flat=True).distinct().order_by("step"))
 
 
 def list_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:

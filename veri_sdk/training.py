@@ -129,6 +129,10 @@ class TrainingJob:
     error: dict | None = None
     cost_usd: str | None = None
     refund: dict | None = None
+    credited_usd: str | None = None  # credited back so far: lost compute, a refund
+    net_cost_usd: str | None = None  # cost_usd less credited_usd
+    ledger: list = field(default_factory=list)  # the charge and each credit, with its reason
+    restarts: list = field(default_factory=list)  # each restarted run's kept and lost compute
     last_step: int | None = None
     metrics_summary: dict | None = None
     data: dict = field(default_factory=dict, repr=False)

@@ -4,6 +4,8 @@ from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
+from veri import money
+
 register = template.Library()
 
 
@@ -25,3 +27,9 @@ def binary_size(n: int | None) -> str:
             return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"
+
+
+@register.filter
+def usd(micros: int) -> str:
+    """Micro-dollars as the API writes dollars (`veri.money.usd`)."""
+    return money.usd(micros)

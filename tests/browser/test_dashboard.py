@@ -163,12 +163,15 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     )
     expect(page.locator("[data-chart=loss] canvas")).to_be_visible()
 
-    # Samples: completions with each reward function's score, and a chart per function.
+    # Samples: a prompt's rollouts, opened, with each reward function's score; a chart per
+    # function.
     page.click("[data-tab=samples]")
-    expect(page.locator("[data-sample]").first).to_be_visible(timeout=60_000)
-    expect(page.locator("[data-sample]").first).to_contain_text("share_of_a")
-    expect(page.locator("[data-sample]").first).to_contain_text("short")
-    expect(page.locator("[data-sample]").first).to_contain_text("Tell me about")
+    group = page.locator("[data-samples] tbody[data-group]").first
+    expect(group).to_contain_text("Tell me about", timeout=60_000)
+    group.locator("tr.group").click()
+    expect(group.locator("[data-rollout]").first).to_be_visible()
+    expect(group.locator("[data-rollout]").first).to_contain_text("share_of_a")
+    expect(group.locator("[data-rollout]").first).to_contain_text("short")
     page.wait_for_function(
         "() => Number(document.querySelector('[data-reward-functions]').dataset.points) > 0"
     )

@@ -163,7 +163,7 @@ def test_the_json_reads_return_what_the_worker_sent_after_a_cursor(browser, subm
         job=job, type="alarm_reward_flat", detail={"message": "The reward stayed at 0.5."}
     )
     samples = browser.get(f"/jobs/{job.public_id}/samples.json").json()
-    assert samples["samples"][0]["rewards"] == {"exact": 1.0}
+    assert samples["groups"][0]["rollouts"][0]["rewards"] == {"exact": 1.0}
     assert [(a["type"], a["message"]) for a in samples["alarms"]] == [
         ("alarm_reward_flat", "The reward stayed at 0.5.")
     ]

@@ -607,6 +607,12 @@ def resubmit_job(*, job: TrainingJob) -> TrainingJob:
     return submit_job(workspace=job.workspace, submission=_again(job, checkpoint=None))
 
 
+def submission_of(job: TrainingJob) -> Submission:
+    """What submitting this job again would send: its spec as it was submitted (defaults filled
+    in), from the checkpoint it was resumed from, if any."""
+    return _again(job, checkpoint=job.resume_from)
+
+
 def _again(job: TrainingJob, *, checkpoint: Checkpoint | None) -> Submission:
     return Submission(
         base_model=job.base_model,

@@ -28,6 +28,20 @@ def show_job(job: TrainingJob) -> None:
         rows.append(("error", f"{error['code']} ({error['attribution']}): {error['message']}"))
     if job.refund:
         rows.append(("refund", f"{job.refund['amount_usd']} USD, {job.refund['status']}"))
+    for run in job.restarts:
+        credit = f", {run['credited_usd']} USD credited" if run.get("credited_usd") else ""
+        rows.append(
+            (
+                f"run {run['attempt']}",
+                f"ended by {run['cause']}: {run['kept_usd']} USD kept, "
+                f"{run['lost_usd']} USD lost{credit}",
+            )
+        )
+    for entry in job.ledger:
+        if not entry["amount_usd"].startswith("-"):  # the charge is `cost` above
+            rows.append(("credit", f"{entry['amount_usd']} USD: {entry['description']}"))
+    if job.net_cost_usd is not None and job.credited_usd not in (None, "0.00"):
+        rows.append(("net cost", f"{job.net_cost_usd} USD"))
     listing = table("FIELD", "VALUE", whole=("FIELD", "VALUE"), header=False)
     for name, value in rows:
         listing.add_row(name, str(value))

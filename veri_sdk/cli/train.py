@@ -42,6 +42,7 @@ TOML_KEYS: dict[str, tuple[type, ...]] = {
     "region": (str,),
     "volumes": (list,),
     "resume_from": (str,),
+    "adapter_from": (str,),
     "checkpoint_every": (int,),
     "checkpoint_keep": (int,),
     "heartbeat_timeout_seconds": (int,),

@@ -3,7 +3,7 @@
 // job's JSON reads, and charts are drawn by the vendored uPlot.
 "use strict";
 
-const POLL = { status: 3000, logs: 1500, metrics: 2500, samples: 5000 };
+const POLL = { status: 3000, logs: 1500, metrics: 2500 };
 const MAX_LOG_LINES = 20000; // older lines stay in the full-log download
 const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#9a6700", "#bf3989", "#1b7c83"];
 
@@ -236,47 +236,6 @@ function setupMetrics(root, series, onUpdate) {
   }, POLL.metrics);
 }
 
-function renderSamples(root, body) {
-  const list = root.querySelector("[data-samples]");
-  const empty = root.querySelector("[data-samples-empty]");
-  const alarms = root.querySelector("[data-alarms]");
-  alarms.replaceChildren(...body.alarms.map((alarm) => {
-    const item = document.createElement("li");
-    item.textContent = `${alarm.type.replace(/^alarm_/, "").replaceAll("_", " ")}: ${alarm.message}`;
-    return item;
-  }));
-  empty.hidden = body.samples.length > 0;
-  list.dataset.count = String(body.samples.length);
-  const byStep = new Map();
-  for (const sample of body.samples) {
-    if (!byStep.has(sample.step)) byStep.set(sample.step, []);
-    byStep.get(sample.step).push(sample);
-  }
-  const sections = [];
-  for (const [step, samples] of byStep) {
-    const heading = document.createElement("h3");
-    heading.className = "sample-step";
-    heading.textContent = `Step ${step}`;
-    sections.push(heading);
-    for (const sample of samples) {
-      const card = document.createElement("div");
-      card.className = "sample";
-      card.dataset.sample = "";
-      // Each function's share only when there are several (one function's is the total).
-      const shares = Object.keys(sample.rewards).length > 1 ? Object.entries(sample.rewards) : [];
-      const scores = shares
-        .map(([name, value]) => `<span>${escapeHTML(name)} <strong>${Number(value).toFixed(3)}</strong></span>`)
-        .join("");
-      card.innerHTML =
-        `<div class="scores"><span>reward <strong>${Number(sample.reward).toFixed(3)}</strong></span>${scores}</div>` +
-        `<div class="sub">prompt</div><pre>${escapeHTML(sample.prompt)}</pre>` +
-        `<div class="sub">completion</div><pre>${escapeHTML(sample.completion)}</pre>`;
-      sections.push(card);
-    }
-  }
-  list.replaceChildren(...sections);
-}
-
 function setupSamples(root, series) {
   const panel = root.querySelector("[data-panel='samples']");
   if (!panel) return { refreshChart() {} };
@@ -288,11 +247,7 @@ function setupSamples(root, series) {
     rewardChart.setData(series.columns(keys), keys.length ? series.steps.length : 0);
   };
   figure.hidden = true;
-  poll(async () => {
-    const body = await getJSON(root.dataset.samplesUrl);
-    renderSamples(panel, body);
-    return body.finished;
-  }, POLL.samples);
+  // The table of samples is samples.js's.
   return { refreshChart };
 }
 
