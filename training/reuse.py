@@ -24,7 +24,7 @@ def _given(submission: Submission) -> dict:
     given = {}
     for f in fields(Submission):
         value = getattr(submission, f.name)
-        if f.name not in _ALWAYS and value in (None, "", [], {}, _DEFAULTS.get(f.name)):
+        if value is None or (f.name not in _ALWAYS and value in ("", [], {}, _DEFAULTS[f.name])):
             continue
         given[f.name] = str(value) if f.name == "max_cost_usd" else value  # a decimal string
     if given.get("lora"):
