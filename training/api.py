@@ -84,7 +84,7 @@ class RestartOut(serializers.Serializer):
     kept_usd = serializers.CharField(help_text="compute up to its last checkpoint: charged")
     lost_usd = serializers.CharField(help_text="compute after it: credited back")
     credited_usd = serializers.CharField(
-        allow_null=True, help_text="the credit written for lost_usd; null until the job settles"
+        allow_null=True, help_text="the credit for lost_usd once the job settles (null before)"
     )
 
 

@@ -54,9 +54,12 @@ class JobMoney:
         return None if self.cost_micros is None else self.cost_micros - self.credited_micros
 
     def credit_for_attempt(self, number: int) -> int | None:
-        """The credit written for a restarted run's lost compute (None: not credited yet)."""
+        """The credit written for a restarted run's lost compute: None until the job is settled,
+        0 when settling credited none (the run lost nothing, or the budget cap ate it)."""
         amounts = [e.amount_micros for e in self.entries if e.attempt == number]
-        return sum(amounts) if amounts else None
+        if amounts:
+            return sum(amounts)
+        return None if self.billing_deducted_at is None else 0
 
 
 class Money(Protocol):

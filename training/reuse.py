@@ -7,6 +7,7 @@ import pprint
 import re
 from dataclasses import fields
 
+from training import specs
 from training.services.jobs import Submission
 
 REWARD_FILE, TOML_FILE = "reward.py", "job.toml"
@@ -20,15 +21,27 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 def _given(submission: Submission) -> dict:
     """The fields that say something: values left at the submit default are left out (the
     submit fills them in the same), and so are LoRA options set to null, which TOML cannot
-    write (null is their default)."""
+    write (null is their only default)."""
     given = {}
     for f in fields(Submission):
         value = getattr(submission, f.name)
         if value is None or (f.name not in _ALWAYS and value in ("", [], {}, _DEFAULTS[f.name])):
             continue
         given[f.name] = str(value) if f.name == "max_cost_usd" else value  # a decimal string
-    if given.get("lora"):
-        given["lora"] = {k: v for k, v in given["lora"].items() if v is not None}
+    # Hyperparameters and LoRA options at their defaults (`training.specs`) likewise.
+    for name, defaults in (
+        ("hyperparameters", specs.DEFAULTS.get(submission.method, {})),
+        ("lora", specs.LORA_DEFAULTS),
+    ):
+        changed = {
+            k: v
+            for k, v in (given.get(name) or {}).items()
+            if v is not None and (k not in defaults or v != defaults[k])
+        }
+        if changed:
+            given[name] = changed
+        else:
+            given.pop(name, None)
     return given
 
 

@@ -168,6 +168,11 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     page.click("[data-tab=samples]")
     group = page.locator("[data-samples] tbody[data-group]").first
     expect(group).to_contain_text("Tell me about", timeout=60_000)
+    # One step's prompts: newer steps arriving meanwhile do not move the row opened.
+    step = group.get_attribute("data-step")
+    page.select_option("[data-sample-step]", step)
+    other_steps = page.locator(f"[data-samples] tbody[data-group]:not([data-step='{step}'])")
+    expect(other_steps).to_have_count(0)
     group.locator("tr.group").click()
     expect(group.locator("[data-rollout]").first).to_be_visible()
     expect(group.locator("[data-rollout]").first).to_contain_text("share_of_a")

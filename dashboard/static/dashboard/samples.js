@@ -7,10 +7,11 @@
 (() => {
   const REFRESH_MS = 5000;
 
-  function cell(tag, text, className) {
+  function cell(tag, text, className, label) {
     const element = document.createElement(tag);
     if (text !== undefined) element.textContent = text;
     if (className) element.className = className;
+    if (label) element.dataset.label = label; // the column's name on a phone's stacked rows
     return element;
   }
 
@@ -19,8 +20,8 @@
   function rolloutRow(rollout) {
     const row = cell("tr", undefined, "rollout");
     row.dataset.rollout = "";
-    row.append(cell("td"), cell("td", `#${rollout.index}`, "num sub"));
-    const body = cell("td");
+    row.append(cell("td", undefined, "empty"), cell("td", `#${rollout.index}`, "num sub", "Rollout"));
+    const body = cell("td", undefined, undefined, "Completion");
     body.colSpan = 2;
     body.append(cell("pre", rollout.completion));
     // Each function's share only when there are several (one function's is the total).
@@ -35,9 +36,9 @@
       }
       body.append(scores);
     }
-    const reward = cell("td", undefined, "num");
+    const reward = cell("td", undefined, "num", "Reward");
     reward.append(cell("strong", score(rollout.reward)));
-    row.append(body, reward, cell("td"));
+    row.append(body, reward, cell("td", undefined, "empty"));
     return row;
   }
 
@@ -50,17 +51,17 @@
     const toggle = cell("button", "▸", "toggle");
     toggle.type = "button";
     toggle.setAttribute("aria-label", "Show the rollouts");
-    const prompt = cell("td");
+    const prompt = cell("td", undefined, undefined, "Prompt");
     prompt.append(cell("div", group.prompt, "prompt"));
     const first = cell("td");
     first.append(toggle);
     head.append(
       first,
-      cell("td", String(group.step), "num"),
+      cell("td", String(group.step), "num", "Step"),
       prompt,
-      cell("td", String(group.rollouts.length), "num"),
-      cell("td", score(group.mean_reward), "num"),
-      cell("td", score(group.best_reward), "num"),
+      cell("td", String(group.rollouts.length), "num", "Rollouts"),
+      cell("td", score(group.mean_reward), "num", "Mean reward"),
+      cell("td", score(group.best_reward), "num", "Best"),
     );
     const rows = group.rollouts.map(rolloutRow);
     const show = (yes) => {
