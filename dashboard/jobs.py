@@ -12,7 +12,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
+from dashboard import progress, runs
 from dashboard.forms import SUBMIT_FIELDS, NewJobForm
+from dashboard.templatetags.dashboard import dollars, money
 from dashboard.workspaces import int_param, or_404, workspace_view
 from training import errors, selectors
 from training.models import JobStatus
@@ -20,7 +22,6 @@ from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
 from veri.errors import VeriError
-from veri.money import usd
 
 PAGE = 25
 LOG_LINES = 1000
@@ -33,19 +34,26 @@ def _job(request, job_id: str):
 
 @workspace_view
 def job_list(request):
-    jobs = selectors.list_jobs(workspace=request.workspace).order_by("-pk")
+    jobs = selectors.list_jobs(workspace=request.workspace).select_related("instance")
+    jobs = jobs.order_by("-pk")
     status, query = request.GET.get("status", ""), request.GET.get("q", "").strip()
     if status in JobStatus.values:
         jobs = jobs.filter(status=status)
     if query:
         jobs = jobs.filter(Q(public_id__icontains=query) | Q(output_name__icontains=query))
     page = Paginator(jobs, PAGE).get_page(request.GET.get("page"))
-    for job in page:
-        job.cost_usd = _cost_usd(job)
+    for job, now in zip(page, progress.jobs_progress(list(page)), strict=True):
+        job.progress = now
     return render(
         request,
         "dashboard/jobs.html",
-        {"page": page, "statuses": JobStatus.values, "status": status, "query": query},
+        {
+            "page": page,
+            "statuses": JobStatus.values,
+            "status": status,
+            "query": query,
+            "max_compare": runs.MAX_RUNS,
+        },
     )
 
 
@@ -76,7 +84,7 @@ def job_new(request):
 def _cost_usd(job) -> str | None:
     """What the job was charged, once billing attributed it (its record selected with the job)."""
     cost = billing_selectors.job_cost_micros(job=job)
-    return None if cost is None else usd(cost)
+    return None if cost is None else dollars(cost)
 
 
 def _parameters(job) -> list[tuple[str, object, bool]]:
@@ -90,7 +98,7 @@ def _parameters(job) -> list[tuple[str, object, bool]]:
         ("hyperparameters", json.dumps(job.hyperparameters, sort_keys=True), True),
         ("LoRA", json.dumps(job.lora, sort_keys=True) if job.lora else "defaults", bool(job.lora)),
         ("checkpoint every", job.checkpoint_every or "—", False),
-        ("budget cap", f"{usd(job.max_cost_micros)} USD" if job.max_cost_micros else "—", False),
+        ("budget cap", money(job.max_cost_micros) if job.max_cost_micros else "—", False),
     ]
     if job.resume_from_id:
         checkpoint = job.resume_from
@@ -106,7 +114,7 @@ def job_detail(request, job_id: str):
     instance = getattr(job, "instance", None)  # cached for job_accrued_micros
     accrued, cost_usd = None, _cost_usd(job)
     if cost_usd is None and instance and instance.launched_at:
-        accrued = usd(billing_selectors.job_accrued_micros(job=job))
+        accrued = dollars(billing_selectors.job_accrued_micros(job=job))
     return render(
         request,
         "dashboard/job.html",
@@ -116,10 +124,12 @@ def job_detail(request, job_id: str):
             "checkpoints": checkpoints,
             "catalog_error": errors.CATALOG.get(job.error_code),
             "refund": refund,
-            "refund_usd": usd(refund.amount_micros) if refund else None,
+            "refund_usd": dollars(refund.amount_micros) if refund else None,
             "cost_usd": cost_usd,
             "accrued_usd": accrued,
             "parameters": _parameters(job),
+            "progress": progress.job_progress(job),
+            "metric_notes": runs.metric_notes(job),
         },
     )
 
@@ -129,6 +139,7 @@ def job_status(request, job_id: str):
     job = _job(request, job_id)
     return JsonResponse(
         {
+            "progress": progress.job_progress(job).as_json(),
             "status": job.status,
             "last_step": job.last_step,
             "finished": job.is_terminal,
@@ -170,7 +181,9 @@ def job_metrics(request, job_id: str):
     points = selectors.list_metrics(job=job).filter(step__gt=after).order_by("step")[:5000]
     return JsonResponse(
         {
-            "points": [{"step": p.step, "values": p.values} for p in points],
+            "points": [
+                {"step": p.step, "at": p.at.timestamp(), "values": p.values} for p in points
+            ],
             "finished": job.is_terminal,
         }
     )
