@@ -203,11 +203,11 @@ class MetricsView {
       chart.figure.remove();
       this.charts.delete(key);
     }
-    for (const key of chosen) {
-      if (!this.charts.has(key)) this.charts.set(key, this.newChart(key));
-      this.grid.append(this.charts.get(key).figure); // in the chosen order
-      this.draw(key);
-    }
+    for (const key of chosen) if (!this.charts.has(key)) this.charts.set(key, this.newChart(key));
+    // The figures in the chosen order, all placed before any is measured to be drawn.
+    const figures = chosen.map((key) => this.charts.get(key).figure);
+    if (figures.some((figure, i) => this.grid.children[i] !== figure)) this.grid.replaceChildren(...figures);
+    for (const key of chosen) this.draw(key);
   }
 
   newChart(key) {
@@ -254,7 +254,9 @@ class MetricsView {
     chart.figure.dataset.points = String(points);
     const notes = this.notesFor(key);
     chart.note.hidden = notes.length === 0;
-    chart.note.textContent = notes.map(({ run, note }) => (this.multi ? `${run}: ${note}` : note)).join(" ");
+    // One reason said once when every run gives it; else each run's, named.
+    const same = notes.length === this.runs.length && notes.every(({ note }) => note === notes[0].note);
+    chart.note.textContent = same ? notes[0].note : notes.map(({ run, note }) => `${run}: ${note}`).join(" ");
     if (points === 0) {
       // Nothing to draw: the reason, or that the values are still to come.
       chart.plot?.destroy();
@@ -320,6 +322,13 @@ class MetricsView {
         { size: 60, values: (u, ticks) => ticks.map(formatValue) },
       ],
       hooks: {
+        // The shown x range on the figure: what a reader (or a test) sees zoomed.
+        setScale: [(u, scale) => {
+          if (scale !== "x") return;
+          const figure = u.root.closest("figure");
+          figure.dataset.xMin = String(Number(u.scales.x.min.toPrecision(6)));
+          figure.dataset.xMax = String(Number(u.scales.x.max.toPrecision(6)));
+        }],
         setSelect: [(u) => {
           if (u.select.width > 2) {
             this.zoomTo(u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
