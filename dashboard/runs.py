@@ -42,6 +42,7 @@ def config_rows(jobs: list[TrainingJob]) -> list[dict]:
     setting a job lacks shown as `—`), each with its (job id, value) cells in the jobs' order
     and whether the values differ."""
     fixed = [
+        ("output name", lambda j: j.output_name),
         ("method", lambda j: j.method),
         ("base model", lambda j: j.base_model),
         ("dataset", lambda j: j.dataset.public_id),

@@ -12,11 +12,12 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_dashboard import EMAIL, number, sign_in
+from tests.browser.test_dashboard import EMAIL, number, screenshots_dir, sign_in
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
 from tests.dashboard.conftest import member_of
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real cluster
 from tests.e2e.test_training import GRPO_ROWS, TINY, platform  # noqa: F401
+from tests.e2e.test_training import submit as submit_through_api
 from tests.training.conftest import worker_client
 from training import tasks
 from training.models import TrainingJob
@@ -123,9 +124,7 @@ def test_the_metrics_view_and_comparing_two_jobs(live_server, browser_page, subm
     page.select_option("[data-x-axis]", "step")
 
     # Compare: tick both jobs in the list.
-    page.screenshot(path="/tmp/x/run.png", full_page=True)
     page.goto(f"{live_server.url}/jobs/")
-    page.screenshot(path="/tmp/x/list.png", full_page=True)
     expect(page.locator("[data-compare-button]")).to_be_disabled()
     page.check(f"[data-compare-pick][value={a.public_id}]")
     page.check(f"[data-compare-pick][value={b.public_id}]")
@@ -143,4 +142,102 @@ def test_the_metrics_view_and_comparing_two_jobs(live_server, browser_page, subm
     expect(differs.filter(has_text="hyperparameters.max_steps")).to_have_count(0)
     page.check("[data-only-differences]")
     expect(page.locator("[data-config-diff] tbody tr:visible")).to_have_count(differs.count())
-    page.screenshot(path="/tmp/x/compare.png", full_page=True)
+
+
+def progress_of(page: Page, scope: str) -> tuple[int, float | None]:
+    """(step, ETA seconds) as the progress block under `scope` shows them."""
+    box = page.locator(f"{scope} [data-progress]")
+    eta = box.get_attribute("data-eta")
+    return int(box.get_attribute("data-step") or 0), float(eta) if eta else None
+
+
+def test_progress_and_eta_move_while_real_jobs_train(
+    api_client,
+    platform,  # noqa: F811
+    workspace,
+    live_server,
+    browser_page,  # noqa: F811
+    tmp_path,
+):
+    platform(VERI_LOCAL_SLOTS="2")
+    member_of(workspace, EMAIL)
+    hyperparameters = {
+        "max_steps": 40,
+        "batch_size": 8,
+        "rollouts_per_prompt": 4,
+        "max_response_length": 16,
+        "kl_coef": 0.0,
+    }
+    jobs = [
+        submit_through_api(
+            api_client,
+            GRPO_ROWS,
+            base_model=TINY,
+            method="grpo",
+            reward_source=SLOW_REWARD,
+            output_name=f"lr-{rate}",
+            hyperparameters=hyperparameters | {"learning_rate": rate},
+        )
+        for rate in (1e-2, 2e-3)
+    ]
+    page, shots = browser_page, screenshots_dir(tmp_path)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    sign_in(page, live_server.url)
+
+    # The jobs list follows the first job's steps without a reload.
+    row = f"tr:has([data-compare-pick][value={jobs[0]}])"
+    page.wait_for_function(
+        f"() => Number(document.querySelector('{row} [data-progress]').dataset.step) > 0",
+        timeout=300_000,
+    )
+    step, _ = progress_of(page, row)
+    page.wait_for_function(
+        f"() => Number(document.querySelector('{row} [data-progress]').dataset.step) > {step}",
+        timeout=60_000,
+    )
+    expect(page.locator(f"{row} [data-progress-step]")).to_contain_text(" / 40")
+
+    # The job's header: step of total, a bar, elapsed, an ETA that moves, the cost so far.
+    page.goto(f"{live_server.url}/jobs/{jobs[0]}/")
+    header = ".job > [data-progress]"
+    page.wait_for_function(
+        f"() => document.querySelector('{header}').dataset.eta !== ''", timeout=60_000
+    )
+    step, eta = progress_of(page, ".job >")
+    expect(page.locator(f"{header} [data-progress-eta]")).to_have_text(
+        re.compile(r"^\d+(s|m \d\ds)$")
+    )
+    page.wait_for_function(
+        f"() => Number(document.querySelector('{header}').dataset.step) > {step}", timeout=60_000
+    )
+    page.wait_for_function(
+        f"() => (e => e !== '' && Number(e) !== {eta})"
+        f"(document.querySelector('{header}').dataset.eta)",
+        timeout=60_000,
+    )
+    later, later_eta = progress_of(page, ".job >")
+    assert later > step and later_eta is not None and later_eta != eta
+    assert float(page.get_attribute(f"{header} [data-progress-bar]", "value")) > 0
+    expect(page.locator(f"{header} [data-progress-cost]")).to_contain_text("USD so far")
+    expect(page.locator(f"{header} [data-progress-elapsed]")).to_have_text(re.compile(r"\d"))
+
+    # The run page's metrics, for the docs.
+    page.click("[data-tab=metrics]")
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-chart=reward]')?.dataset.points) >= 15",
+        timeout=240_000,
+    )
+    expect(page.locator("[data-chart=kl] [data-note]")).to_contain_text("kl_coef is 0")
+    page.screenshot(path=str(shots / "run-page.png"), full_page=True)
+
+    # Both runs in one chart.
+    page.goto(f"{live_server.url}/jobs/compare/?ids={jobs[0]},{jobs[1]}")
+    page.wait_for_function(
+        "() => Number(document.querySelector('[data-chart=reward]')?.dataset.points) >= 30",
+        timeout=120_000,
+    )
+    assert chart_legend(page, "reward") == ["step", *jobs]
+    page.check("[data-only-differences]")
+    page.screenshot(path=str(shots / "compare.png"), full_page=True)
+    for job_id in jobs:
+        api_client.post(f"/v1/training_jobs/{job_id}/cancel")

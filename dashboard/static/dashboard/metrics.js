@@ -13,6 +13,7 @@ const PREFERRED_METRICS = [
   "rewards/accuracies", "rewards/margins", "mean_token_accuracy", "grad_norm",
 ];
 const CHART_HEIGHT = 220;
+const STEP_TICKS = [1, 2, 5].flatMap((n) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6].map((p) => n * p)).sort((a, b) => a - b);
 const STORED = "veri.metrics"; // the reader's picks, smoothing and x axis, kept in this browser
 const X_AXES = {
   step: { label: "step", time: false },
@@ -318,7 +319,7 @@ class MetricsView {
       },
       series: [{ label: axis.label, value: xValue }].concat(series),
       axes: [
-        this.axis === "relative" ? { label: axis.label, values: (u, ticks) => ticks.map(formatSeconds) } : { label: axis.label },
+        this.xAxis(axis),
         { size: 60, values: (u, ticks) => ticks.map(formatValue) },
       ],
       hooks: {
@@ -337,6 +338,12 @@ class MetricsView {
         }],
       },
     };
+  }
+
+  xAxis(axis) {
+    if (this.axis === "relative") return { label: axis.label, values: (u, ticks) => ticks.map(formatSeconds) };
+    if (this.axis === "step") return { label: axis.label, incrs: STEP_TICKS }; // no step 2.5
+    return { label: axis.label };
   }
 
   zoomTo(min, max) {
