@@ -12,7 +12,13 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_dashboard import EMAIL, number, screenshots_dir, sign_in
+from tests.browser.test_dashboard import (
+    EMAIL,
+    assert_fits_the_screen,
+    number,
+    screenshots_dir,
+    sign_in,
+)
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
 from tests.dashboard.conftest import member_of
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real cluster
@@ -142,6 +148,13 @@ def test_the_metrics_view_and_comparing_two_jobs(live_server, browser_page, subm
     expect(differs.filter(has_text="hyperparameters.max_steps")).to_have_count(0)
     page.check("[data-only-differences]")
     expect(page.locator("[data-config-diff] tbody tr:visible")).to_have_count(differs.count())
+
+    # A phone: the compare page, a run's metrics and the list are no wider than the screen.
+    page.set_viewport_size({"width": 375, "height": 812})
+    for url in (page.url, f"/jobs/{a.public_id}/#metrics", "/jobs/"):
+        page.goto(url if url.startswith("http") else live_server.url + url)
+        page.wait_for_load_state("networkidle")
+        assert_fits_the_screen(page)
 
 
 def progress_of(page: Page, scope: str) -> tuple[int, float | None]:

@@ -39,6 +39,11 @@ def test_a_running_jobs_status_gives_step_of_total_elapsed_and_eta(browser, subm
     assert "step 20 / 60" in page and 'value="33"' in page
     listed = browser.get("/jobs/").content.decode()
     assert "step 20 / 60" in listed and "ETA" in listed
+    # Finished: the whole bar, the time it ran, no ETA.
+    job = drive(job, "completed")
+    progress = browser.get(f"/jobs/{job.public_id}/status.json").json()["progress"]
+    assert (progress["percent"], progress["running"], progress["eta_text"]) == (100, False, "—")
+    assert progress["elapsed_seconds"] >= 0
 
 
 def test_a_job_with_no_known_total_says_so(browser, submit, api_client):
