@@ -69,7 +69,7 @@ class MetricsView {
     this.runs = runs;
     this.multi = runs.length > 1;
     this.grid = element.querySelector("[data-charts]");
-    this.charts = new Map(); // metric -> {figure, plot, shape}
+    this.charts = new Map(); // metric -> {figure, area, note, plot, shape, resized}
     const stored = readStored();
     this.picked = Array.isArray(stored.picked) ? stored.picked : null; // null: the defaults
     this.smoothing = Number(stored.smoothing) || 0;
@@ -81,7 +81,11 @@ class MetricsView {
   }
 
   store() {
-    localStorage.setItem(STORED, JSON.stringify({ picked: this.picked, smoothing: this.smoothing, axis: this.axis }));
+    try {
+      localStorage.setItem(STORED, JSON.stringify({ picked: this.picked, smoothing: this.smoothing, axis: this.axis }));
+    } catch {
+      // storage refused (private mode, full): the choice lasts for this page only
+    }
   }
 
   bindControls() {
@@ -99,7 +103,7 @@ class MetricsView {
     axis.value = this.axis;
     axis.addEventListener("change", () => {
       this.axis = axis.value;
-      this.zoom = null;
+      this.forgetZoom(); // the charts are drawn anew on the other axis
       this.store();
       this.update();
     });
@@ -201,6 +205,7 @@ class MetricsView {
     for (const [key, chart] of this.charts) {
       if (chosen.includes(key)) continue;
       chart.plot?.destroy();
+      chart.resized.disconnect();
       chart.figure.remove();
       this.charts.delete(key);
     }
@@ -223,8 +228,8 @@ class MetricsView {
     const area = document.createElement("div");
     area.className = "plot";
     figure.append(caption, note, area);
-    const chart = { figure, area, note, plot: null, shape: "" };
-    new ResizeObserver(() => this.draw(key)).observe(figure);
+    const chart = { figure, area, note, plot: null, shape: "", resized: new ResizeObserver(() => this.draw(key)) };
+    chart.resized.observe(figure);
     return chart;
   }
 
@@ -353,10 +358,14 @@ class MetricsView {
     for (const chart of this.charts.values()) chart.plot?.setScale("x", { min, max });
   }
 
-  resetZoom() {
+  forgetZoom() {
     this.zoom = null;
     delete this.element.dataset.zoomed;
     this.resetButton.disabled = true;
+  }
+
+  resetZoom() {
+    this.forgetZoom();
     for (const chart of this.charts.values()) chart.plot?.setData(chart.plot.data, true);
   }
 }
