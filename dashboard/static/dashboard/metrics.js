@@ -201,7 +201,7 @@ class MetricsView {
     const chosen = this.chosen();
     this.renderPicker(keys, chosen);
     const reported = this.runs.some((run) => run.series.steps.length > 0);
-    this.element.querySelector("[data-metrics-empty]").hidden = reported || keys.length > 0;
+    this.element.querySelector("[data-metrics-empty]").hidden = reported;
     for (const [key, chart] of this.charts) {
       if (chosen.includes(key)) continue;
       chart.plot?.destroy();
