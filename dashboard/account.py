@@ -13,10 +13,10 @@ from billing import services as billing
 from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, SecretForm, TopUpForm
+from dashboard.templatetags.dashboard import dollars
 from dashboard.workspaces import or_404, workspace_view
 from veri import selectors, services
 from veri.errors import VeriError
-from veri.money import usd
 
 
 @workspace_view
@@ -41,12 +41,12 @@ def billing_page(request):
             form.add_error("amount_usd", exc.message)
     page = Paginator(ledger, 50).get_page(request.GET.get("page"))
     for entry in page:
-        entry.amount_usd = usd(entry.amount_micros)
+        entry.amount_usd = dollars(entry.amount_micros)
     return render(
         request,
         "dashboard/billing.html",
         {
-            "balance_usd": usd(balance),
+            "balance_usd": dollars(balance),
             "low_balance": billing.is_low_balance(
                 workspace=request.workspace,
                 balance=balance,

@@ -14,7 +14,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
+from dashboard import progress, runs
 from dashboard.forms import SUBMIT_FIELDS, NewJobForm
+from dashboard.templatetags.dashboard import dollars, money
 from dashboard.workspaces import int_param, or_404, workspace_view
 from training import errors, reuse, selectors, specs
 from training.models import JobStatus
@@ -22,7 +24,6 @@ from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
 from veri.errors import VeriError
-from veri.money import usd
 
 PAGE = 25
 LOG_LINES = 1000
@@ -35,19 +36,26 @@ def _job(request, job_id: str):
 
 @workspace_view
 def job_list(request):
-    jobs = selectors.list_jobs(workspace=request.workspace).order_by("-pk")
+    jobs = selectors.list_jobs(workspace=request.workspace).select_related("instance")
+    jobs = jobs.order_by("-pk")
     status, query = request.GET.get("status", ""), request.GET.get("q", "").strip()
     if status in JobStatus.values:
         jobs = jobs.filter(status=status)
     if query:
         jobs = jobs.filter(Q(public_id__icontains=query) | Q(output_name__icontains=query))
     page = Paginator(jobs, PAGE).get_page(request.GET.get("page"))
-    for job in page:
-        job.cost_usd = _cost_usd(job)
+    for job, now in zip(page, progress.jobs_progress(list(page)), strict=True):
+        job.progress = now
     return render(
         request,
         "dashboard/jobs.html",
-        {"page": page, "statuses": JobStatus.values, "status": status, "query": query},
+        {
+            "page": page,
+            "statuses": JobStatus.values,
+            "status": status,
+            "query": query,
+            "max_compare": runs.MAX_RUNS,
+        },
     )
 
 
@@ -78,7 +86,7 @@ def job_new(request):
 def _cost_usd(job) -> str | None:
     """What the job was charged, once billing attributed it (its record selected with the job)."""
     cost = billing_selectors.job_cost_micros(job=job)
-    return None if cost is None else usd(cost)
+    return None if cost is None else dollars(cost)
 
 
 def _parameters(job) -> list[tuple[str, object, bool]]:
@@ -91,7 +99,7 @@ def _parameters(job) -> list[tuple[str, object, bool]]:
         ("dataset", job.dataset.public_id, True),
         ("output name", job.output_name or "—", False),
         ("checkpoint every", job.checkpoint_every or "—", False),
-        ("budget cap", f"{usd(job.max_cost_micros)} USD" if job.max_cost_micros else "—", False),
+        ("budget cap", money(job.max_cost_micros) if job.max_cost_micros else "—", False),
     ]
     if job.resume_from_id:
         checkpoint = job.resume_from
@@ -154,14 +162,14 @@ def _timeline(events) -> list[TimelineEntry]:
     return entries
 
 
-def _runs(job, money) -> list[dict]:
+def _runs(job, job_money) -> list[dict]:
     """Each restarted run's compute, kept (charged) and lost (credited back), and its credit."""
     return [
         {
             "attempt": a,
-            "kept_usd": usd(a.kept_micros),
-            "lost_usd": usd(a.lost_micros),
-            "credited": money.credit_for_attempt(a.number),
+            "kept_usd": dollars(a.kept_micros),
+            "lost_usd": dollars(a.lost_micros),
+            "credited": job_money.credit_for_attempt(a.number),
         }
         for a in job.attempts.all()
     ]
@@ -175,8 +183,8 @@ def job_detail(request, job_id: str):
     instance = getattr(job, "instance", None)  # cached for job_accrued_micros
     accrued, cost_usd = None, _cost_usd(job)
     if cost_usd is None and instance and instance.launched_at:
-        accrued = usd(billing_selectors.job_accrued_micros(job=job))
-    money = billing_selectors.job_money(job=job)
+        accrued = dollars(billing_selectors.job_accrued_micros(job=job))
+    job_money = billing_selectors.job_money(job=job)
     submission = job_services.submission_of(job)
     return render(
         request,
@@ -187,7 +195,7 @@ def job_detail(request, job_id: str):
             "checkpoints": checkpoints,
             "catalog_error": errors.CATALOG.get(job.error_code),
             "refund": refund,
-            "refund_usd": usd(refund.amount_micros) if refund else None,
+            "refund_usd": dollars(refund.amount_micros) if refund else None,
             "cost_usd": cost_usd,
             "accrued_usd": accrued,
             "parameters": _parameters(job),
@@ -198,11 +206,15 @@ def job_detail(request, job_id: str):
                 "CLI": reuse.as_cli(submission),
                 "SDK": reuse.as_sdk(submission),
             },
-            "money": money,
-            "credits": [e for e in money.entries if e.amount_micros > 0],
-            "credited_usd": usd(money.credited_micros) if money.credited_micros else None,
-            "net_usd": usd(money.net_micros) if money.net_micros is not None else None,
-            "runs": _runs(job, money),
+            "money": job_money,
+            "credits": [e for e in job_money.entries if e.amount_micros > 0],
+            "credited_usd": (
+                dollars(job_money.credited_micros) if job_money.credited_micros else None
+            ),
+            "net_usd": dollars(job_money.net_micros) if job_money.net_micros is not None else None,
+            "runs": _runs(job, job_money),
+            "progress": progress.job_progress(job),
+            "metric_notes": runs.metric_notes(job),
         },
     )
 
@@ -212,6 +224,7 @@ def job_status(request, job_id: str):
     job = _job(request, job_id)
     return JsonResponse(
         {
+            "progress": progress.job_progress(job).as_json(),
             "status": job.status,
             "last_step": job.last_step,
             "finished": job.is_terminal,
@@ -253,7 +266,9 @@ def job_metrics(request, job_id: str):
     points = selectors.list_metrics(job=job).filter(step__gt=after).order_by("step")[:5000]
     return JsonResponse(
         {
-            "points": [{"step": p.step, "values": p.values} for p in points],
+            "points": [
+                {"step": p.step, "at": p.at.timestamp(), "values": p.values} for p in points
+            ],
             "finished": job.is_terminal,
         }
     )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import account, jobs, storage, webhooks
+from dashboard import account, jobs, runs, storage, webhooks
 
 app_name = "dashboard"
 
@@ -8,6 +8,7 @@ urlpatterns = [
     path("", account.home, name="home"),
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/new/", jobs.job_new, name="job_new"),
+    path("jobs/compare/", runs.compare, name="compare"),
     path("jobs/<str:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<str:job_id>/status.json", jobs.job_status, name="job_status"),
     path("jobs/<str:job_id>/logs.json", jobs.job_logs, name="job_logs"),

@@ -3,7 +3,8 @@
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Avg, Count, Max, Min, Q, QuerySet
+from django.db.models import Avg, Count, F, Max, Min, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 
 from training.models import (
     Checkpoint,
@@ -60,6 +61,18 @@ def list_events(*, job: TrainingJob) -> QuerySet[JobEvent]:
 
 def list_metrics(*, job: TrainingJob) -> QuerySet[MetricPoint]:
     return MetricPoint.objects.filter(job=job)
+
+
+def recent_metric_steps(*, jobs: list[TrainingJob], limit: int) -> dict[int, list[tuple]]:
+    """Each job's newest `limit` metric points as (step, arrived at), by job pk, in one query
+    (the progress of a page of jobs)."""
+    numbered = MetricPoint.objects.filter(job__in=jobs).annotate(
+        n=Window(RowNumber(), partition_by=[F("job_id")], order_by=F("step").desc())
+    )
+    recent: dict[int, list[tuple]] = {job.pk: [] for job in jobs}
+    for job_id, step, at in numbered.filter(n__lte=limit).values_list("job_id", "step", "at"):
+        recent[job_id].append((step, at))
+    return recent
 
 
 def list_samples(*, job: TrainingJob) -> QuerySet[Sample]:

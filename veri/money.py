@@ -17,6 +17,13 @@ def usd(micros: int) -> str:
     return f"{whole}.{cents.ljust(2, '0')}"
 
 
+def usd_places(micros: int, places: int) -> str:
+    """Micro-dollars as a dollar string with exactly `places` decimals (0 to 6), half up: a
+    column of amounts lines up (`usd_places(1_234, 4)` → `"0.0012"`)."""
+    value = (Decimal(micros) / MICROS).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    return f"{value if value else abs(value):f}"  # no "-0.0000"
+
+
 def micros_from_usd(amount) -> int:
     """A dollar amount (a number or a decimal string) in micro-dollars, half up."""
     return int((Decimal(str(amount)) * MICROS).to_integral_value(rounding=ROUND_HALF_UP))

@@ -1,10 +1,11 @@
+import json
 import re
 
 from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from veri import money
+from veri.money import usd_places
 
 register = template.Library()
 
@@ -29,7 +30,25 @@ def binary_size(n: int | None) -> str:
     return f"{size:.1f} TiB"
 
 
+# Every amount on the dashboard has this many decimals: a small job's cost is a fraction of a
+# cent, and amounts in one column line up.
+MONEY_PLACES = 4
+
+
 @register.filter
-def usd(micros: int) -> str:
-    """Micro-dollars as the API writes dollars (`veri.money.usd`)."""
-    return money.usd(micros)
+def dollars(micros: int) -> str:
+    """Micro-dollars as the dashboard writes them: `0.0123` (views and JSON reads use it too)."""
+    return usd_places(micros, MONEY_PLACES)
+
+
+@register.filter
+def money(micros: int | None) -> str:
+    """Micro-dollars as `0.0123 USD` (`—` for none)."""
+    return "—" if micros is None else f"{dollars(micros)} USD"
+
+
+@register.filter
+def to_json(value) -> str:
+    """A value as JSON for a `data-` attribute (escaped there like any text): the policy allows
+    no inline script, so scripts read their data from attributes."""
+    return json.dumps(value)

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from billing.models import Refund
 from billing.services import open_billing_account
+from dashboard.templatetags.dashboard import dollars
 from tests.billing.test_ledger import failed_after_an_hour
 from tests.conftest import fill_volume
 from tests.dashboard.conftest import PASSWORD, member_of, signed_in
@@ -26,7 +27,6 @@ from training import errors
 from training.models import Checkpoint, JobEvent, LogChunk, MetricPoint, Sample, TrainingJob
 from veri import services
 from veri.models import ApiKey, Membership, Workspace
-from veri.money import usd
 from volumes.models import Volume
 from volumes.services import create_volume
 from volumes.stores import store_for
@@ -125,7 +125,7 @@ def test_a_failed_jobs_page_shows_code_attribution_advice_and_refund(browser, su
         html.unescape(re.sub("</?code>", "`", advice)) == errors.CATALOG["provider_reclaimed"].hint
     )
     assert refund.amount_micros > 0
-    assert f"data-refund>{usd(refund.amount_micros)} USD, {refund.status}" in page
+    assert f"data-refund>{dollars(refund.amount_micros)} USD, {refund.status}" in page
     status = browser.get(f"/jobs/{job.public_id}/status.json").json()
     assert status["status"] == "failed" and status["finished"] is True
 

@@ -193,13 +193,15 @@ function setupLogs(root, onFinished) {
   }, POLL.logs);
 }
 
-// The metrics every chart reads: steps, and each key's value at each step (null where absent).
+// The metrics every chart reads: steps, when each arrived (seconds), and each key's value at each
+// step (null where absent).
 class MetricSeries {
-  constructor() { this.steps = []; this.values = new Map(); }
+  constructor() { this.steps = []; this.times = []; this.values = new Map(); }
   add(points) {
-    for (const { step, values } of points) {
+    for (const { step, at, values } of points) {
       const row = this.steps.length;
       this.steps.push(step);
+      this.times.push(at);
       for (const [key, value] of Object.entries(values)) {
         if (typeof value !== "number") continue;
         if (!this.values.has(key)) this.values.set(key, new Array(row).fill(null));
@@ -215,12 +217,11 @@ class MetricSeries {
   }
 }
 
+// The Metrics tab: metrics.js's view of this one run.
 function setupMetrics(root, series, onUpdate) {
-  const charts = [...root.querySelectorAll("[data-chart]")].map((figure) => ({
-    key: figure.dataset.chart,
-    chart: new LiveChart(figure, [figure.dataset.chart]),
-  }));
-  const empty = root.querySelector("[data-metrics-empty]");
+  const element = root.querySelector("[data-metrics-view]");
+  const view = new MetricsView(element, [{ id: "", series, notes: JSON.parse(element.dataset.notes) }]);
+  view.update();
   let after = -1;
   const url = root.dataset.metricsUrl;
   return poll(async () => {
@@ -228,8 +229,7 @@ function setupMetrics(root, series, onUpdate) {
     if (body.points.length) {
       series.add(body.points);
       after = body.points[body.points.length - 1].step;
-      for (const { key, chart } of charts) chart.setData(series.columns([key]), series.count(key));
-      empty.hidden = true;
+      view.update();
       onUpdate();
     }
     return body.finished && body.points.length === 0;
@@ -262,8 +262,7 @@ function setupStatus(root) {
       badge.textContent = body.status;
       badge.className = `badge status-${body.status}`;
     }
-    const step = root.querySelector("[data-step]");
-    if (body.last_step !== null) step.textContent = `step ${body.last_step}`;
+    showProgress(root.querySelector("[data-progress]"), body.progress);
     count.textContent = String(body.checkpoints);
     root.querySelector("[data-new-checkpoints]").hidden = body.checkpoints === listed;
     if (!body.finished) return false;
