@@ -135,6 +135,7 @@ def create_deployment(
     _pin_base(deployment)
     states.record_event(deployment=deployment, type="created", detail={"adapters": resolved})
     replicas.start_replica(deployment=deployment)
+    deployment.refresh_from_db()  # now starting
     return deployment
 
 
@@ -165,6 +166,7 @@ def update_deployment(
     states.record_event(deployment=deployment, type="updated", detail=fields)
     if deployment.min_replicas and not deployment.replicas.filter(status__in=REPLICA_LIVE):
         replicas.start_replica(deployment=deployment)
+        deployment.refresh_from_db()
     return deployment
 
 
