@@ -101,8 +101,8 @@ class Engine:
         past, step = None, torch.tensor([ids])
         with torch.no_grad(), self._adapter(request.model):
             for _ in range(request.max_tokens):
-                out = self.model(input_ids=step, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = self.model(input_ids=step, cache=past, use_cache=True)
+                past = out.cache
                 logits = out.logits[0, -1].float()
                 logprobs = torch.log_softmax(logits, -1)
                 if request.temperature == 0:

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import transaction
 
 from providers import catalog
-from providers.services import default_provider, is_usable
+from providers.services import is_usable
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus
 from serving.services import replicas, states
 from training import hooks
@@ -19,6 +19,7 @@ from volumes import services as volume_services
 S = DeploymentStatus
 MAX_ADAPTERS = 16
 MAX_REPLICAS = 8
+SERVING_PROVIDERS = ("local",)  # providers whose machines can run a replica's serving process
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +87,17 @@ def _check_shape(shape: Shape) -> None:
 
 
 def _placement(shape: Shape) -> tuple[str, str, str]:
-    provider = shape.provider or default_provider()
+    provider = shape.provider or SERVING_PROVIDERS[0]
     spec = catalog.get_provider(provider)
     if spec is None or not is_usable(provider):
         raise VeriError(f"Provider {provider!r} is not offered here.", field="provider")
+    if provider not in SERVING_PROVIDERS:
+        # Rented machines boot the training worker only; their vLLM replicas are to come.
+        raise VeriError(
+            f"Deployments run on {', '.join(SERVING_PROVIDERS)} for now, not on {provider}.",
+            field="provider",
+            code="provider_not_supported",
+        )
     gpu_type = shape.gpu_type or settings.VERI_SERVING_GPU_TYPE
     if spec.gpu(gpu_type) is None:
         raise VeriError(f"{provider} has no GPU type {gpu_type!r}.", field="gpu_type")
