@@ -83,6 +83,10 @@ class Replica(models.Model):
     ready_at = models.DateTimeField(null=True)
     last_heartbeat_at = models.DateTimeField(null=True)
     stopped_at = models.DateTimeField(null=True)
+    # Uptime is charged per second from `ready_at` (a replica that never became ready costs
+    # nothing), at least hourly and when it stops, up to `charged_until`.
+    price_per_hour_micros = models.PositiveBigIntegerField(default=0)
+    charged_until = models.DateTimeField(null=True)
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.status})"

@@ -1,6 +1,6 @@
 """django-q2 tasks for serving: launching a replica's machine, and the minute schedule that
-fails dead replicas and scales idle deployments to `min_replicas`. Each is idempotent and safe
-to run twice or concurrently."""
+fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas.
+Each is idempotent and safe to run twice or concurrently."""
 
 from django.utils import timezone
 
@@ -16,4 +16,5 @@ def watch_deployments() -> dict[str, int]:
     return {
         "failed": replicas.check_health(now=now),
         "scaled_down": replicas.scale_idle(now=now),
+        "charged": replicas.charge_running(now=now),
     }

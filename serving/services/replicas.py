@@ -10,16 +10,20 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from providers import catalog
 from providers.base import LaunchSpec, ProviderError
 from providers.services import get_adapter
+from serving import hooks
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus, Replica, ReplicaStatus
 from serving.services import states
+from training import errors
 from training.models import Checkpoint
 from training.services.worker import checkpoint_spec
 from veri.errors import VeriError
+from veri.money import compute_micros
 from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
 from volumes.stores import store_for
@@ -43,7 +47,12 @@ def start_replica(*, deployment: Deployment) -> Replica:
     live = deployment.replicas.filter(status__in=REPLICA_LIVE).first()
     if live:
         return live
-    replica = Replica.objects.create(deployment=deployment, provider=deployment.provider)
+    gpu = catalog.get_provider(deployment.provider).gpu(deployment.gpu_type)
+    replica = Replica.objects.create(
+        deployment=deployment,
+        provider=deployment.provider,
+        price_per_hour_micros=gpu.price_per_gpu_hour_micros * deployment.gpu_count,
+    )
     states.transition(
         deployment_id=deployment.pk, to=S.STARTING, detail={"replica": replica.public_id}
     )
@@ -176,14 +185,56 @@ def _terminate(replica: Replica) -> None:
 
 
 def _end(replica: Replica, status: ReplicaStatus, **fields) -> bool:
-    """Mark the replica ended (its token dies with it) and terminate its machine; False when
-    something ended it already."""
+    """Mark the replica ended (its token dies with it), terminate its machine and charge its
+    uptime, unless it failed by the platform's fault (the catalog credits that: its last
+    uncharged stretch is not charged); False when something ended it already."""
     ended = Replica.objects.filter(pk=replica.pk, status__in=REPLICA_LIVE).update(
         status=status, token_hash="", stopped_at=timezone.now(), **fields
     )
     replica.refresh_from_db()
     _terminate(replica)
+    code = fields.get("error_code")
+    if ended and not (code and errors.get(code).billing != errors.Billing.CHARGE):
+        charge_uptime(replica=replica, until=replica.stopped_at)
     return bool(ended)
+
+
+def charge_uptime(*, replica: Replica, until: datetime) -> bool:
+    """Charge the replica's uptime from where it was last charged (or from ready) to `until`,
+    per second. The window is claimed with a conditional UPDATE in the charge's transaction, so
+    two runs never charge it twice."""
+    start = replica.charged_until or replica.ready_at
+    if start is None or until <= start:
+        return False
+    with transaction.atomic():
+        claimed = Replica.objects.filter(pk=replica.pk, charged_until=replica.charged_until).update(
+            charged_until=until
+        )
+        if not claimed:
+            return False
+        seconds = int((until - start).total_seconds())
+        hooks.charge_uptime(
+            workspace=replica.deployment.workspace,
+            amount_micros=compute_micros(
+                price_per_hour_micros=replica.price_per_hour_micros, start=start, end=until
+            ),
+            key=f"deployment_charge:{replica.public_id}:{start.isoformat()}",
+            description=f"Deployment {replica.deployment.public_id}, replica "
+            f"{replica.public_id}: {seconds} s",
+        )
+    return True
+
+
+def charge_running(*, now: datetime) -> int:
+    """Ready replicas are charged at least every VERI_DEPLOYMENT_CHARGE_SECONDS."""
+    due = now - timedelta(seconds=settings.VERI_DEPLOYMENT_CHARGE_SECONDS)
+    charged = 0
+    ready = Replica.objects.filter(status=R.READY).select_related("deployment__workspace")
+    for replica in ready.filter(
+        Q(charged_until__lte=due) | Q(charged_until__isnull=True, ready_at__lte=due)
+    ):
+        charged += charge_uptime(replica=replica, until=now)
+    return charged
 
 
 def fail_replica(

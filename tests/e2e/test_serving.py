@@ -11,6 +11,7 @@ import openai
 import pytest
 from django_q.tasks import async_task
 
+from billing.models import LedgerEntry
 from providers.local import LocalProvider
 from serving.models import Replica
 from tests.conftest import run_python
@@ -142,6 +143,8 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
         for e in api_client.get(f"/v1/deployments/{deployment['id']}/events").json()["data"]
     ]
     assert events[-3:] == ["scaling_down", "replica_stopped", "stopped"]
+    [charge] = LedgerEntry.objects.filter(kind="deployment_charge")  # its uptime, once
+    assert charge.amount_micros < 0 and replica.public_id in charge.description
 
     # Cold: 503 + Retry-After in OpenAI's shape, and the request wakes it; the client's own
     # retries then get the answer.

@@ -137,3 +137,32 @@ def test_inference_for_an_unknown_model_or_a_cold_one_answers_in_openais_shape(
     # The request woke it: a new replica is starting.
     assert Deployment.objects.get(pk=deployment.pk).status == "starting"
     assert Replica.objects.filter(deployment=deployment, status="starting").count() == 1
+
+
+def test_uptime_is_charged_per_second_from_ready_once_and_never_for_a_replica_never_ready(
+    deployment, workspace
+):
+    from billing.models import LedgerEntry
+
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
+    ready_at = timezone.now() - timedelta(hours=1, seconds=90)
+    Replica.objects.filter(pk=replica.pk).update(ready_at=ready_at)
+    replica.refresh_from_db()
+    hour = replica.price_per_hour_micros
+    assert hour > 0
+    # Hourly charges of a running replica: nothing due before its first hour.
+    assert replicas.charge_running(now=ready_at + timedelta(minutes=59)) == 0
+    assert replicas.charge_running(now=ready_at + timedelta(hours=1)) == 1
+    assert replicas.charge_running(now=ready_at + timedelta(hours=1)) == 0  # a rerun: nothing
+    replicas.stop_replicas(deployment=deployment, reason="idle")
+    replica.refresh_from_db()
+    charges = list(LedgerEntry.objects.filter(workspace=workspace, kind="deployment_charge"))
+    assert len(charges) == 2
+    seconds = (replica.stopped_at - ready_at).total_seconds()
+    assert sum(c.amount_micros for c in charges) == pytest.approx(-hour * seconds / 3600, abs=2)
+    # A replica that never became ready, failed: nothing charged.
+    states.transition(deployment_id=deployment.pk, to="stopped")
+    second = replicas.start_replica(deployment=deployment)
+    replicas.fail_replica(replica=second, code="replica_start_timeout")
+    assert LedgerEntry.objects.filter(kind="deployment_charge").count() == 2
