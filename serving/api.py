@@ -54,13 +54,13 @@ class DeploymentOut(serializers.ModelSerializer):
         ]
 
 
-class EventOut(serializers.ModelSerializer):
+class DeploymentEventOut(serializers.ModelSerializer):
     class Meta:
         model = DeploymentEvent
         fields = ["type", "detail", "created_at"]
 
 
-class ShapeIn(serializers.Serializer):
+class DeploymentShapeIn(serializers.Serializer):
     min_replicas = serializers.IntegerField(required=False, min_value=0, max_value=8)
     max_replicas = serializers.IntegerField(required=False, min_value=1, max_value=8)
     idle_timeout_seconds = serializers.IntegerField(
@@ -71,7 +71,7 @@ class ShapeIn(serializers.Serializer):
     )
 
 
-class CreateIn(ShapeIn):
+class DeploymentCreateIn(DeploymentShapeIn):
     base_model = serializers.CharField(required=False, max_length=MAX_NAME)
     gpu_type = serializers.CharField(required=False, max_length=60)
     gpu_count = serializers.IntegerField(required=False, min_value=1, max_value=8)
@@ -86,9 +86,9 @@ class DeploymentsView(WorkspaceView):
             request, selectors.list_deployments(workspace=self.workspace), DeploymentOut
         )
 
-    @extend_schema(request=CreateIn, responses={201: DeploymentOut})
+    @extend_schema(request=DeploymentCreateIn, responses={201: DeploymentOut})
     def post(self, request: Request) -> Response:
-        data = self.validated(CreateIn, request.data)
+        data = self.validated(DeploymentCreateIn, request.data)
         adapters = data.pop("adapters", [])
         base_model = data.pop("base_model", None)
         deployment = services.create_deployment(
@@ -100,17 +100,19 @@ class DeploymentsView(WorkspaceView):
         return Response(DeploymentOut(deployment).data, status=201)
 
 
-class DeploymentView(WorkspaceView):
+class DeploymentScopedView(WorkspaceView):
     def deployment(self, deployment_id: str) -> Deployment:
         return selectors.get_deployment(workspace=self.workspace, deployment_id=deployment_id)
 
+
+class DeploymentView(DeploymentScopedView):
     @extend_schema(responses=DeploymentOut)
     def get(self, request: Request, deployment_id: str) -> Response:
         return Response(DeploymentOut(self.deployment(deployment_id)).data)
 
-    @extend_schema(request=ShapeIn, responses=DeploymentOut)
+    @extend_schema(request=DeploymentShapeIn, responses=DeploymentOut)
     def patch(self, request: Request, deployment_id: str) -> Response:
-        data = self.validated(ShapeIn, request.data)
+        data = self.validated(DeploymentShapeIn, request.data)
         adapters = data.pop("adapters", None)
         deployment = services.update_deployment(
             deployment=self.deployment(deployment_id), adapters=adapters, changes=data
@@ -123,8 +125,8 @@ class DeploymentView(WorkspaceView):
         return Response(status=204)
 
 
-class EventsView(DeploymentView):
-    @list_schema(EventOut, name="DeploymentEventPage", operation_id="deployments_events")
+class EventsView(DeploymentScopedView):
+    @list_schema(DeploymentEventOut, name="DeploymentEventPage", operation_id="deployments_events")
     def get(self, request: Request, deployment_id: str) -> Response:
         events = selectors.list_events(deployment=self.deployment(deployment_id))
-        return paginate(request, events, EventOut, order_by="pk")
+        return paginate(request, events, DeploymentEventOut, order_by="pk")

@@ -1,7 +1,8 @@
 """`/v1/worker/replicas/{id}/…`: a serving process's side, with its replica token (good for
 its own replica only, dead once it stopped). What it sends is hostile input."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -11,7 +12,7 @@ from serving.services import replicas
 from training.worker_api import bearer_token
 from veri.api import ValidatingView
 
-SCHEMA = extend_schema(exclude=True)  # the serving process's routes, not the customers'
+OK = inline_serializer("ReplicaOk", {"ok": serializers.BooleanField()})
 
 
 class ReplicaTokenAuthentication(authentication.BaseAuthentication):
@@ -41,8 +42,10 @@ class ReplicaView(ValidatingView):
     permission_classes = [HasReplicaToken]
 
 
-@SCHEMA
 class RegisterView(ReplicaView):
+    @extend_schema(
+        request=None, responses={200: OpenApiTypes.OBJECT}, operation_id="replica_register"
+    )
     def post(self, request: Request, replica_id: str) -> Response:
         return Response(replicas.replica_spec(replica=request.auth))
 
@@ -56,16 +59,20 @@ class ReadyIn(serializers.Serializer):
         return value
 
 
-@SCHEMA
 class ReadyView(ReplicaView):
+    @extend_schema(
+        request=ReadyIn,
+        responses=inline_serializer("ReplicaReady", {"status": serializers.CharField()}),
+        operation_id="replica_ready",
+    )
     def post(self, request: Request, replica_id: str) -> Response:
         data = self.validated(ReadyIn, request.data)
         replica = replicas.mark_ready(replica=request.auth, url=data["url"])
         return Response({"status": replica.status})
 
 
-@SCHEMA
 class HeartbeatView(ReplicaView):
+    @extend_schema(request=None, responses=OK, operation_id="replica_heartbeat")
     def post(self, request: Request, replica_id: str) -> Response:
         replicas.heartbeat(replica=request.auth)
         return Response({"ok": True})
@@ -76,8 +83,8 @@ class FailedIn(serializers.Serializer):
     message = serializers.CharField(max_length=10_000, allow_blank=True, trim_whitespace=False)
 
 
-@SCHEMA
 class FailedView(ReplicaView):
+    @extend_schema(request=FailedIn, responses=OK, operation_id="replica_failed")
     def post(self, request: Request, replica_id: str) -> Response:
         data = self.validated(FailedIn, request.data)
         replicas.report_failure(replica=request.auth, code=data["code"], message=data["message"])

@@ -105,7 +105,7 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     model = job.fine_tuned_model
 
     created = api_client.post(
-        "/v1/deployments", {"adapters": [model], "idle_timeout_seconds": 10}, format="json"
+        "/v1/deployments", {"adapters": [model], "idle_timeout_seconds": 600}, format="json"
     )
     assert created.status_code == 201, created.json()
     deployment = created.json()
@@ -132,7 +132,11 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     assert other_api_client.get(f"/v1/deployments/{deployment['id']}").status_code == 404
     assert deployment["id"] not in str(other_api_client.get("/v1/deployments").json())
 
-    # Idle past its timeout, the schedule's task scales it to zero: the serving process is gone.
+    # Idle past its (now short) timeout, the schedule's task scales it to zero: the serving
+    # process is gone.
+    path = f"/v1/deployments/{deployment['id']}"
+    short = api_client.patch(path, {"idle_timeout_seconds": 10}, format="json").json()
+    assert short["idle_timeout_seconds"] == 10 and short["status"] == "ready"
     [replica] = Replica.objects.filter(deployment__public_id=deployment["id"])
     time.sleep(11)
     async_task("serving.tasks.watch_deployments")
