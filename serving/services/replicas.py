@@ -69,8 +69,7 @@ def launch_replica(*, replica_id: int) -> str:
         return "not claimed"
     replica = Replica.objects.select_related("deployment").get(pk=replica_id)
     deployment = replica.deployment
-    token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
-    Replica.objects.filter(pk=replica.pk).update(token_hash=_hash(token))
+    token = mint_token(replica=replica)
     zone = catalog.get_provider(deployment.provider).zones[deployment.region][0]
     api = settings.VERI_PUBLIC_URL
     spec = LaunchSpec(
@@ -91,6 +90,14 @@ def launch_replica(*, replica_id: int) -> str:
         return "provisioning_error"
     Replica.objects.filter(pk=replica.pk).update(external_id=external_id)
     return "launched"
+
+
+def mint_token(*, replica: Replica) -> str:
+    """The replica's token, for its serving process alone (only its hash is kept); an earlier
+    one dies."""
+    token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
+    Replica.objects.filter(pk=replica.pk).update(token_hash=_hash(token))
+    return token
 
 
 def authenticate(*, replica_id: str, raw: str) -> Replica | None:
