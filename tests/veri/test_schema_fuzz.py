@@ -142,6 +142,7 @@ class World:
             "name": "WANDB_API_KEY",  # a secret's
             "endpoint_id": self.endpoint.public_id,
             "deployment_id": self.deployment.public_id,
+            "replica_id": "",  # a live replica's, set for each call by `authorize`
         }
 
     def authorize(self, case) -> None:
