@@ -198,12 +198,14 @@ def _end(replica: Replica, status: ReplicaStatus, **fields) -> bool:
     ended = Replica.objects.filter(pk=replica.pk, status__in=REPLICA_LIVE).update(
         status=status, token_hash="", stopped_at=timezone.now(), **fields
     )
+    if not ended:  # whoever ended it terminated its machine (or its deployment is deleted)
+        return False
     replica.refresh_from_db()
     _terminate(replica)
     code = fields.get("error_code")
-    if ended and not (code and errors.get(code).billing != errors.Billing.CHARGE):
+    if not (code and errors.get(code).billing != errors.Billing.CHARGE):
         charge_uptime(replica=replica, until=replica.stopped_at)
-    return bool(ended)
+    return True
 
 
 def charge_uptime(*, replica: Replica, until: datetime) -> bool:

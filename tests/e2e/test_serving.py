@@ -4,6 +4,8 @@ down to zero (its serving process gone), answers a cold request 503 + Retry-Afte
 and stays invisible to another workspace — against a live server and a real task cluster."""
 
 import json
+import os
+import signal
 import time
 
 import httpx
@@ -14,7 +16,7 @@ from django_q.tasks import async_task
 from billing.models import LedgerEntry
 from providers.local import LocalProvider
 from serving.models import Replica
-from tests.conftest import run_python
+from tests.conftest import assert_error, run_python
 from tests.e2e.test_openai_fine_tuning import FAST, SUPERVISED, wait_for_status
 from tests.e2e.test_training import TINY, download_final, platform  # noqa: F401 - a fixture
 from tests.openai_api.conftest import jsonl, openai_client
@@ -152,6 +154,7 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
 
     # Cold: 503 + Retry-After in OpenAI's shape, and the request wakes it; the client's own
     # retries then get the answer.
+    api_client.patch(path, {"idle_timeout_seconds": 600}, format="json")
     settings.VERI_SERVING_WAIT_SECONDS = 0
     cold = httpx.post(
         f"{live_server.url}/v1/chat/completions",
@@ -165,6 +168,16 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     patient = client.with_options(max_retries=30)
     assert ask(patient, model).choices[0].message.content == adapter_text
 
+    # Its serving process killed: the schedule's task finds it gone and fails the replica with
+    # the catalog's code, the platform's (so its uncharged stretch is never charged); the
+    # deployment stops until the next request.
     [_, woken] = Replica.objects.filter(deployment__public_id=deployment["id"]).order_by("pk")
-    assert api_client.delete(f"/v1/deployments/{deployment['id']}").status_code == 204
-    assert not LocalProvider().states([woken.external_id])[woken.external_id].alive
+    os.killpg(int(woken.external_id.split(":")[0]), signal.SIGKILL)
+    async_task("serving.tasks.watch_deployments")
+    wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
+    failed = api_client.get(f"{path}/events").json()["data"][-2]
+    assert failed["type"] == "replica_failed" and failed["detail"]["code"] == "replica_failed"
+    assert LedgerEntry.objects.filter(kind="deployment_charge").count() == 1
+
+    assert api_client.delete(path).status_code == 204
+    assert_error(api_client.get(path), 404, "not_found")
