@@ -3,6 +3,8 @@ deployment serving it, its answer streamed through as it comes (never buffered).
 no ready replica is woken and the request told to retry (503, `Retry-After`), after waiting up
 to VERI_SERVING_WAIT_SECONDS for it."""
 
+import contextlib
+import json
 import time
 from collections.abc import Iterator
 
@@ -13,11 +15,19 @@ from django.utils import timezone
 
 from serving import selectors
 from serving.models import Deployment, DeploymentStatus, Replica
-from serving.services import replicas
+from serving.services import replicas, states
 from veri.errors import NotFound, ServiceUnavailable, VeriError
 from veri.models import Workspace
 
 POLL_SECONDS = 0.25
+CUT_OFF = {
+    "error": {
+        "message": "The model's replica stopped while answering; retry the request.",
+        "type": "server_error",
+        "param": None,
+        "code": "replica_failed",
+    }
+}
 
 
 class ModelStarting(ServiceUnavailable):
@@ -83,19 +93,35 @@ def forward(*, replica: Replica, path: str, body: bytes) -> HttpResponse:
     except httpx.TransportError as exc:
         client.close()
         replicas.fail_replica(replica=replica, code="replica_failed", message=f"unreachable: {exc}")
+        with contextlib.suppress(states.InvalidTransition):  # failed meanwhile: retries say so
+            replicas.start_replica(deployment=replica.deployment)
         raise ModelStarting(
             "The model's replica stopped answering; a new one is starting. Retry after the "
             "Retry-After seconds.",
             field="model",
         ) from exc
 
+    streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+
     def chunks() -> Iterator[bytes]:
+        tail, whole = b"", True
         try:
-            yield from upstream.iter_raw()
-        except httpx.TransportError:
-            # Cut off mid-answer: the client sees its stream end without `[DONE]`.
-            replicas.fail_replica(replica=replica, code="replica_failed", message="cut off")
-        finally:
+            try:
+                for chunk in upstream.iter_raw():
+                    tail = (tail + chunk)[-512:]
+                    yield chunk
+            except httpx.TransportError:
+                whole = False
+            # A stream ends with `[DONE]` or the server's own error event; one that stopped short
+            # (the replica died: its connection closing looks like an end) gets an error event,
+            # which the openai client raises; any other answer just ends short. Never a hang.
+            if streaming:
+                whole = whole and (b"[DONE]" in tail or b'"error"' in tail)
+            if not whole:
+                replicas.fail_replica(replica=replica, code="replica_failed", message="cut off")
+                if streaming:
+                    yield f"data: {json.dumps(CUT_OFF)}\n\n".encode()
+        finally:  # also when the client went away mid-answer
             upstream.close()
             client.close()
             _active(replica.deployment)

@@ -1,7 +1,10 @@
 """Deployments: the one transition function, the API's validation and workspace scoping, the
 idle scale-down and the router's answer for a cold or unknown model (OpenAI's error shape)."""
 
+import json
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
@@ -166,3 +169,58 @@ def test_uptime_is_charged_per_second_from_ready_once_and_never_for_a_replica_ne
     second = replicas.start_replica(deployment=deployment)
     replicas.fail_replica(replica=second, code="replica_start_timeout")
     assert LedgerEntry.objects.filter(kind="deployment_charge").count() == 2
+
+
+class DyingReplica(BaseHTTPRequestHandler):
+    """A serving process that dies mid-answer: one chunk of a stream, then its connection
+    closes."""
+
+    protocol_version = "HTTP/1.0"
+
+    def do_POST(self):  # noqa: N802 - the base class's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": "pl"}}]}\n\n')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def dying_replica():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DyingReplica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_and_is_failed(
+    api_client, deployment, dying_replica
+):
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url=dying_replica)
+    body = {"model": BASE, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    response = api_client.post("/v1/chat/completions", body, format="json")
+    assert response.status_code == 200
+    events = b"".join(response.streaming_content).decode().split("\n\n")
+    assert events[0].startswith("data: ") and "pl" in events[0]
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] == "replica_failed" and error["type"] == "server_error"
+    replica.refresh_from_db()
+    assert (replica.status, replica.error_code) == ("failed", "replica_failed")
+    assert Deployment.objects.get(pk=deployment.pk).status == "stopped"  # the next request wakes it
+
+
+def test_an_unreachable_replica_is_failed_and_the_request_told_to_retry(api_client, deployment):
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")  # nothing listens there
+    response = api_client.post("/v1/completions", {"model": BASE, "prompt": "x"}, format="json")
+    assert response.status_code == 503 and int(response["Retry-After"]) > 0
+    assert response.json()["error"]["code"] == "model_starting"
+    replica.refresh_from_db()
+    assert replica.status == "failed"
+    # A new replica is on its way for the retry.
+    assert Deployment.objects.get(pk=deployment.pk).status == "starting"
+    assert deployment.replicas.filter(status="starting").count() == 1
