@@ -10,3 +10,8 @@ class BillingConfig(AppConfig):
         from training.hooks import register_money
 
         register_money(TrainingMoney())
+        # Serving's replicas' uptime, the same way.
+        from billing.services import charge_deployment_uptime
+        from serving.hooks import register_uptime_charge
+
+        register_uptime_charge(charge_deployment_uptime)

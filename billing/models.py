@@ -63,6 +63,7 @@ class LedgerEntry(models.Model):
     class Kind(models.TextChoices):
         TOP_UP = "top_up"
         JOB_CHARGE = "job_charge"
+        DEPLOYMENT_CHARGE = "deployment_charge"  # a replica's uptime (serving)
         STORAGE_CHARGE = "storage_charge"
         REFUND_CREDIT = "refund_credit"
         ADJUSTMENT = "adjustment"

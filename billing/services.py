@@ -81,6 +81,19 @@ def record_entry(
         return LedgerEntry.objects.get(idempotency_key=key), False
 
 
+def charge_deployment_uptime(
+    *, workspace: Workspace, amount_micros: int, key: str, description: str
+) -> None:
+    """Serving's hook: a stretch of a replica's uptime, charged once per key."""
+    record_entry(
+        workspace=workspace,
+        kind=LedgerEntry.Kind.DEPLOYMENT_CHARGE,
+        amount_micros=-amount_micros,
+        key=key,
+        description=description,
+    )
+
+
 def balance_micros(*, workspace: Workspace) -> int:
     total = LedgerEntry.objects.filter(workspace=workspace).aggregate(total=Sum("amount_micros"))
     return total["total"] or 0
@@ -90,7 +103,9 @@ def recent_daily_spend_micros(*, workspace: Workspace, days: int = 7) -> int:
     """What the workspace spent per day, on average, over the last `days` days."""
     since = timezone.now() - timedelta(days=days)
     spent = LedgerEntry.objects.filter(
-        workspace=workspace, created_at__gte=since, kind__in=[K.JOB_CHARGE, K.STORAGE_CHARGE]
+        workspace=workspace,
+        created_at__gte=since,
+        kind__in=[K.JOB_CHARGE, K.DEPLOYMENT_CHARGE, K.STORAGE_CHARGE],
     ).aggregate(total=Sum("amount_micros"))["total"]
     return -(spent or 0) // days
 

@@ -28,6 +28,12 @@ class ReleaseTokenScheme(JobTokenScheme):
     description = "The job token of the machine's run, also after its job ended"
 
 
+class ReplicaTokenScheme(JobTokenScheme):
+    target_class = "serving.worker_api.ReplicaTokenAuthentication"
+    name = "ReplicaToken"
+    description = "A deployment replica's token (veri_rt_…), good for its own replica only"
+
+
 ERROR_SCHEMA = {
     "type": "object",
     "properties": {

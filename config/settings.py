@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "training",
     "billing",
     "providers",
+    "serving",
     "openai_api",
     "webhooks",
     "dashboard",
@@ -359,6 +360,16 @@ VERI_WORKER_SILENT_SECONDS = env.int("VERI_WORKER_SILENT_SECONDS", default=900)
 # A multi-GPU job making no step for the longer of this and three times its median step time,
 # its worker still answering, is training_stalled.
 VERI_STALL_SECONDS = env.int("VERI_STALL_SECONDS", default=600)
+# Serving (deployments): the GPU type a deployment gets when it names none; how long an inference
+# request for a model that is starting waits before answering 503 + Retry-After; a replica's
+# heartbeat period, silence and start deadlines; how long a replica may take to answer.
+VERI_SERVING_GPU_TYPE = env.str("VERI_SERVING_GPU_TYPE", default="cpu")
+VERI_SERVING_WAIT_SECONDS = env.float("VERI_SERVING_WAIT_SECONDS", default=5.0)
+VERI_SERVING_READ_TIMEOUT_SECONDS = env.float("VERI_SERVING_READ_TIMEOUT_SECONDS", default=300.0)
+VERI_REPLICA_HEARTBEAT_SECONDS = env.int("VERI_REPLICA_HEARTBEAT_SECONDS", default=15)
+VERI_REPLICA_SILENT_SECONDS = env.int("VERI_REPLICA_SILENT_SECONDS", default=120)
+VERI_REPLICA_START_TIMEOUT_SECONDS = env.int("VERI_REPLICA_START_TIMEOUT_SECONDS", default=900)
+VERI_DEPLOYMENT_CHARGE_SECONDS = env.int("VERI_DEPLOYMENT_CHARGE_SECONDS", default=3600)
 VERI_LOG_ARCHIVE_SECONDS = env.int("VERI_LOG_ARCHIVE_SECONDS", default=10)
 # A job's whole log, in bytes: past it, lines are dropped (one marker line says so).
 VERI_MAX_LOG_BYTES = env.int("VERI_MAX_LOG_BYTES", default=100 * 1024**2)

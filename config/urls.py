@@ -16,6 +16,7 @@ v1 = [
     path("", include("training.urls")),
     path("", include("billing.urls")),
     path("", include("openai_api.urls")),
+    path("", include("serving.urls")),
     path("", include("veri.urls")),
     path("", include("webhooks.urls")),
     path("regions", RegionsView.as_view()),

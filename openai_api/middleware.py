@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from openai_api import errors
 
 # The routes of openai_api/urls.py, under /v1.
-PREFIXES = ("/v1/files", "/v1/fine_tuning/", "/v1/models")
+PREFIXES = ("/v1/files", "/v1/fine_tuning/", "/v1/models", "/v1/chat/", "/v1/completions")
 
 
 class OpenAIErrorsMiddleware:

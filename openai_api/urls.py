@@ -1,6 +1,6 @@
 from django.urls import path
 
-from openai_api import api
+from openai_api import api, inference
 
 urlpatterns = [
     path("files", api.FilesView.as_view()),
@@ -15,6 +15,8 @@ urlpatterns = [
     path("fine_tuning/jobs/<str:job_id>/checkpoints", api.CheckpointsView.as_view()),
     path("fine_tuning/alpha/graders/validate", api.GraderValidateView.as_view()),
     path("fine_tuning/alpha/graders/run", api.GraderRunView.as_view()),
+    path("chat/completions", inference.ChatCompletionsView.as_view()),
+    path("completions", inference.CompletionsView.as_view()),
     path("models", api.ModelsView.as_view()),
     path("models/<path:model>", api.ModelView.as_view()),
 ]

@@ -57,6 +57,12 @@ class LaunchSpec:
     gpu_count: int
     api_url: str
     env: dict[str, str] = field(default_factory=dict)  # the worker's environment, token included
+    # The worker's command after `python -m worker`; empty: run the job `job_id` (a replica of a
+    # deployment runs `serve --replica ID --api URL`, its id standing in `job_id`).
+    worker_args: tuple[str, ...] = ()
+
+    def worker_command(self) -> tuple[str, ...]:
+        return self.worker_args or ("run", "--job", self.job_id, "--api", self.api_url)
 
 
 @dataclass(frozen=True, slots=True)

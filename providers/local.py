@@ -155,14 +155,7 @@ class LocalProvider(ProviderAdapter):
         folder = self.instance_dir(spec.job_id)
         (folder / "mnt").mkdir(parents=True, exist_ok=True)
         (folder / NOTICE_FILE).unlink(missing_ok=True)  # an earlier run's, not this machine's
-        command = [
-            *settings.VERI_LOCAL_WORKER_COMMAND,
-            "run",
-            "--job",
-            spec.job_id,
-            "--api",
-            spec.api_url,
-        ]
+        command = [*settings.VERI_LOCAL_WORKER_COMMAND, *spec.worker_command()]
         env = {
             # The machine's own environment (BLAS and thread settings, PATH, HOME), as a worker on
             # a rented box has its box's, less the control plane's credentials and settings.

@@ -223,6 +223,29 @@ CATALOG: dict[str, JobError] = {
             "(when it saves checkpoints) and stopped",
             "Top up (veri billing top-up AMOUNT), then resume from the newest checkpoint.",
         ),
+        # A deployment's replicas (serving): attributed as jobs' faults are.
+        JobError(
+            "replica_start_timeout",
+            P,
+            Billing.NONE,
+            "A replica of the deployment did not become ready in time and was stopped",
+            "Nothing is billed for it; send a request again to start a new replica.",
+        ),
+        JobError(
+            "replica_failed",
+            P,
+            Billing.REFUND,
+            "A replica's serving process or machine stopped unexpectedly",
+            "Requests in flight got an error; the next request starts a new replica.",
+        ),
+        JobError(
+            "model_load_error",
+            C,
+            Billing.CHARGE,
+            "The serving process could not load the base model or one of the adapters",
+            "Check that every adapter was trained on the deployment's base model, then "
+            "create the deployment again.",
+        ),
     )
 }
 
@@ -276,4 +299,6 @@ CONTROL_PLANE_CODES = {
     "provider_reclaimed",
     "max_run_duration_reached",
 }
-WORKER_CODES = sorted(set(CATALOG) - CONTROL_PLANE_CODES)
+# A deployment's codes: never a training job's end.
+DEPLOYMENT_CODES = {"replica_start_timeout", "replica_failed", "model_load_error"}
+WORKER_CODES = sorted(set(CATALOG) - CONTROL_PLANE_CODES - DEPLOYMENT_CODES)

@@ -138,3 +138,21 @@ def register_fine_tuned_names(resolver: Callable[..., "tuple[str, Checkpoint] | 
 
 def fine_tuned_model(*, workspace: Workspace, name: str) -> "tuple[str, Checkpoint] | None":
     return _fine_tuned(workspace=workspace, name=name) if _fine_tuned else None
+
+
+# Machines the floors above training launch for themselves (serving's replicas), tagged with
+# their own ids: each callback maps the tagged ids it owns that are live to their recorded
+# instance id, so training's orphan sweeper leaves them running.
+_live_machines: list[Callable[[set[str]], dict[str, str | None]]] = []
+
+
+def register_live_machines(callback: Callable[[set[str]], dict[str, str | None]]) -> None:
+    if callback not in _live_machines:
+        _live_machines.append(callback)
+
+
+def live_machines(tagged: set[str]) -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for callback in _live_machines:
+        found |= callback(tagged)
+    return found

@@ -1,4 +1,6 @@
-"""`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN."""
+"""`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN; `python -m
+worker serve --replica ID --api URL`, a deployment's serving process, with the replica token in
+VERI_REPLICA_TOKEN."""
 
 import argparse
 import sys
@@ -14,7 +16,14 @@ def main() -> int:
     run_parser.add_argument(
         "--api", required=True, help="the control plane, e.g. https://veri.example.com"
     )
+    serve_parser = commands.add_parser("serve", help="serve a deployment's models (one replica)")
+    serve_parser.add_argument("--replica", required=True)
+    serve_parser.add_argument("--api", required=True, help="the control plane")
     args = parser.parse_args()
+    if args.command == "serve":
+        from worker.serve import serve  # torch loads only where a model is served
+
+        return serve(replica_id=args.replica, api_url=args.api)
     return run(job_id=args.job, api_url=args.api)
 
 

@@ -32,6 +32,16 @@ class ControlPlaneError(Exception):
         self.status = status
 
 
+def download(http: httpx.Client, url: str, target: Path) -> None:
+    """One file from a (presigned) URL to `target`, streamed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with http.stream("GET", url) as response:
+        response.raise_for_status()
+        with target.open("wb") as out:
+            for chunk in response.iter_bytes(1024 * 1024):
+                out.write(chunk)
+
+
 class ControlPlane:
     """The runner's only line to the control plane. It holds the job token and renews it: first
     before its first request (the token it was launched with, which the machine's boot data and
@@ -41,13 +51,18 @@ class ControlPlane:
 
     RENEW_RETRY_SECONDS = 60.0
 
-    def __init__(self, *, api_url: str, job_id: str, token: str, timeout: float = 30.0):
+    def __init__(
+        self, *, api_url: str, job_id: str, token: str, timeout: float = 30.0, kind: str = "jobs"
+    ):
+        # kind "replicas": a deployment's serving process, whose replica token is not renewed
+        # (it dies when the replica stops).
         self.http = httpx.Client(
-            base_url=f"{api_url.rstrip('/')}/v1/worker/jobs/{job_id}",
+            base_url=f"{api_url.rstrip('/')}/v1/worker/{kind}/{job_id}",
             timeout=timeout,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "veri-worker/0.1"},
         )
-        self._renew_at = 0.0  # time.monotonic() of the next renewal; 0: before the first call
+        # time.monotonic() of the next renewal; 0: before the first call; inf: never
+        self._renew_at = 0.0 if kind == "jobs" else float("inf")
         self._renewing = threading.Lock()  # the shipper thread and the runner share this client
 
     def renew_token(self) -> bool:

@@ -25,7 +25,7 @@ import httpx
 
 from worker import outputs, sandbox
 from worker.build import build_id
-from worker.client import ControlPlane, ControlPlaneError, Shipper
+from worker.client import ControlPlane, ControlPlaneError, Shipper, download
 from worker.errors import TRAINING_CODES, JobFailure
 from worker.preemption import Notice, PreemptionWatch, notice_source
 from worker.volumes import mount_volumes
@@ -368,12 +368,7 @@ class Runner:
         return data
 
     def fetch(self, url: str, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with self.http.stream("GET", url) as response:
-            response.raise_for_status()
-            with target.open("wb") as out:
-                for chunk in response.iter_bytes(1024 * 1024):
-                    out.write(chunk)
+        download(self.http, url, target)
 
     def train(self, job: dict) -> None:
         """Run the training, one process per device (`gpu_count`), data-parallel: rank 0

@@ -53,6 +53,9 @@ EXPECTED = {
     "invalid_dataset": (True, None),
     "budget_exceeded": (True, None),
     "balance_exhausted": (True, None),
+    "replica_start_timeout": (False, None),
+    "replica_failed": (True, "credited"),
+    "model_load_error": (True, None),
 }
 
 

@@ -17,6 +17,9 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from serving.models import Deployment
+from serving.services import replicas as serving_replicas
+from serving.services.deployments import Shape, create_deployment
 from tests.conftest import fill_volume
 from tests.training.conftest import GRPO_ROWS, REWARD, drive
 from training.api import EXAMPLE_DATASET_ID
@@ -97,6 +100,14 @@ class World:
             TrainingJob.objects.filter(workspace=self.workspace, checkpoints__isnull=False).first()
             or self._job_with_checkpoint()
         )
+        self.deployment = Deployment.objects.filter(
+            workspace=self.workspace
+        ).first() or create_deployment(
+            workspace=self.workspace,
+            base_model="volume://corpus/models/m",
+            adapters=[],
+            shape=Shape(),
+        )
         self.endpoint = (
             WebhookEndpoint.objects.filter(workspace=self.workspace).first()
             or webhook_services.create_endpoint(
@@ -130,6 +141,8 @@ class World:
             "job_id": self.job.public_id,
             "name": "WANDB_API_KEY",  # a secret's
             "endpoint_id": self.endpoint.public_id,
+            "deployment_id": self.deployment.public_id,
+            "replica_id": "",  # a live replica's, set for each call by `authorize`
         }
 
     def authorize(self, case) -> None:
@@ -138,7 +151,18 @@ class World:
         if isinstance(case.body, dict) and case.body.get("dataset_id") == EXAMPLE_DATASET_ID:
             case.body = dict(case.body, dataset_id=self.dataset.public_id)
         case.headers = dict(case.headers or {})
-        if case.path.startswith("/v1/worker/"):
+        if case.path.startswith("/v1/worker/replicas/"):
+            # A live replica each time, of a deployment not failed (a `failed` report ends both).
+            deployment = Deployment.objects.filter(workspace=self.workspace).exclude(
+                status="failed"
+            ).first() or create_deployment(
+                workspace=self.workspace, base_model="fuzz/base", adapters=[], shape=Shape()
+            )
+            replica = serving_replicas.start_replica(deployment=deployment)
+            case.path_parameters = dict(case.path_parameters or {}, replica_id=replica.public_id)
+            token = serving_replicas.mint_token(replica=replica)
+            case.headers["Authorization"] = f"Bearer {token}"
+        elif case.path.startswith("/v1/worker/"):
             job = drive(self.new_job(), "provisioning", "configuring")
             case.path_parameters = dict(case.path_parameters or {}, job_id=job.public_id)
             case.headers["Authorization"] = f"Bearer {mint_job_token(job=job)}"

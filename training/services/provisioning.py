@@ -22,6 +22,7 @@ from providers.base import (
 )
 from providers.models import Instance
 from providers.services import get_adapter, reserve_instance, usable_providers
+from training import hooks
 from training.models import TERMINAL, JobEvent, JobStatus, TrainingJob
 from training.services import jobs
 from training.services.worker import mint_job_token
@@ -316,8 +317,9 @@ def sweep_orphans() -> list[str]:
 def _live_jobs(job_ids: set[str]) -> dict[str, str | None]:
     """Of these job ids, the jobs not ended, each with its recorded instance id (None or empty
     while its launch is in flight)."""
-    return dict(
+    live = dict(
         TrainingJob.objects.filter(public_id__in=job_ids)
         .exclude(status__in=TERMINAL)
         .values_list("public_id", "instance__external_id")
     )
+    return live | hooks.live_machines(job_ids - set(live))  # a higher floor's (replicas)

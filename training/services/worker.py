@@ -462,7 +462,7 @@ def _dataset_spec(dataset: Dataset, store, ttl: int) -> dict:
     return data
 
 
-def _checkpoint_spec(checkpoint: Checkpoint, store, ttl: int) -> dict:
+def checkpoint_spec(checkpoint: Checkpoint, store, ttl: int) -> dict:
     """A checkpoint's files, each with a presigned URL: a run resumes from it, or trains on
     from its adapter."""
     return {
@@ -497,8 +497,8 @@ def build_spec(*, job: TrainingJob) -> dict:
         "checkpoint_keep": job.checkpoint_keep,
         "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
         "samples_every": job.samples_every,
-        "resume_from": resume and _checkpoint_spec(resume, store, ttl),
-        "adapter_from": adapter and _checkpoint_spec(adapter, store, ttl),
+        "resume_from": resume and checkpoint_spec(resume, store, ttl),
+        "adapter_from": adapter and checkpoint_spec(adapter, store, ttl),
         "attempt": job.attempt,
         "integrations": job.integrations,
         "wandb_mode": settings.VERI_WANDB_MODE,

@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-from veri_sdk.cli import jobs, secrets, train, volumes, webhooks
+from veri_sdk.cli import deployments, jobs, secrets, train, volumes, webhooks
 from veri_sdk.cli.output import err
 from veri_sdk.client import Client
 from veri_sdk.errors import AuthenticationError, VeriAPIError
@@ -189,6 +189,31 @@ def build_parser() -> argparse.ArgumentParser:
     wh_test = whc.add_parser("test", help="send a webhook.test event to an endpoint")
     wh_test.add_argument("id")
     wh_test.set_defaults(run=webhooks.cmd_webhooks_test)
+
+    deploy = _json_flag(
+        commands.add_parser("deploy", help="serve MODEL (ft:… or a base) behind /v1/chat/…")
+    )
+    deploy.add_argument("model", help="an ft: model, a checkpoint id, or a base model")
+    deploy.add_argument("--adapter", action="append", help="another adapter to serve (repeatable)")
+    deploy.add_argument("--min-replicas", dest="min_replicas", type=int)
+    deploy.add_argument("--max-replicas", dest="max_replicas", type=int)
+    deploy.add_argument("--idle-timeout", dest="idle_timeout_seconds", type=int, metavar="SECONDS")
+    deploy.add_argument("--gpu-type", dest="gpu_type")
+    deploy.add_argument("--provider")
+    deploy.add_argument("--no-wait", action="store_true", help="answer at once, not once ready")
+    deploy.add_argument("--timeout", type=float, default=900, help="seconds to wait (900)")
+    deploy.set_defaults(run=deployments.cmd_deploy)
+    dp = commands.add_parser("deployments", help="deployed models and their replicas")
+    dpc = dp.add_subparsers(dest="deployments_command", required=True)
+    _json_flag(dpc.add_parser("list", help="list deployments, newest first")).set_defaults(
+        run=deployments.cmd_deployments_list
+    )
+    dp_get = dpc.add_parser("get", help="one deployment as JSON: status, error, replicas")
+    dp_get.add_argument("id")
+    dp_get.set_defaults(run=deployments.cmd_deployments_get)
+    dp_delete = dpc.add_parser("delete", help="stop its replicas and remove it")
+    dp_delete.add_argument("id")
+    dp_delete.set_defaults(run=deployments.cmd_deployments_delete)
     return parser
 
 

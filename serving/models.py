@@ -1,0 +1,105 @@
+"""Deployments (a base model plus adapters, served by replicas), their replicas and events."""
+
+from django.db import models
+
+from veri.models import Workspace, public_id_field
+from volumes.stores import keys
+
+
+class DeploymentStatus(models.TextChoices):
+    PENDING = "pending"  # written, no replica launched yet
+    STARTING = "starting"  # a replica is launching or loading the model
+    READY = "ready"  # a replica answers
+    SCALING_DOWN = "scaling_down"  # its replicas are being stopped
+    STOPPED = "stopped"  # no replica: scaled to zero (a request wakes it) or deleted
+    FAILED = "failed"  # could not serve: `error_code` says why
+
+
+class Deployment(models.Model):
+    public_id = public_id_field("dep")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="deployments")
+    base_model = models.CharField(max_length=500)
+    # [{"name", "checkpoint_id"}]: each name (an `ft:` model, or the checkpoint's id) routes
+    # to that checkpoint's adapter.
+    adapters = models.JSONField(default=list)
+    gpu_type = models.CharField(max_length=60)
+    gpu_count = models.PositiveSmallIntegerField(default=1)
+    provider = models.CharField(max_length=30)
+    region = models.CharField(max_length=40)
+    min_replicas = models.PositiveSmallIntegerField(default=0)
+    max_replicas = models.PositiveSmallIntegerField(default=1)
+    idle_timeout_seconds = models.PositiveIntegerField(default=900)
+    status = models.CharField(
+        max_length=20, choices=DeploymentStatus.choices, default=DeploymentStatus.PENDING
+    )
+    error_code = models.CharField(max_length=60, blank=True)
+    error_message = models.TextField(blank=True)
+    error_attribution = models.CharField(max_length=20, blank=True)
+    last_active_at = models.DateTimeField(null=True)  # its last request, or when it became ready
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.base_model}, {self.status})"
+
+    @property
+    def pin_holder(self) -> str:
+        """Who holds the pin on the base model's volume files (see volumes.services.pin_files)."""
+        return f"deployment:{self.public_id}"
+
+    @property
+    def workspace_prefix(self) -> keys.Prefix:
+        return keys.workspace_prefix(self.workspace.public_id)
+
+    def served_names(self) -> set[str]:
+        return {self.base_model} | {a["name"] for a in self.adapters}
+
+
+class ReplicaStatus(models.TextChoices):
+    STARTING = "starting"
+    READY = "ready"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+REPLICA_LIVE = [ReplicaStatus.STARTING, ReplicaStatus.READY]
+
+
+class Replica(models.Model):
+    """One serving process on one machine, launched through the deployment's provider."""
+
+    public_id = public_id_field("rep")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    status = models.CharField(
+        max_length=20, choices=ReplicaStatus.choices, default=ReplicaStatus.STARTING
+    )
+    provider = models.CharField(max_length=30)
+    external_id = models.CharField(max_length=200, blank=True)  # empty while launching
+    token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    url = models.CharField(max_length=300, blank=True)  # where the serving process listens
+    error_code = models.CharField(max_length=60, blank=True)
+    error_message = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True)
+    last_heartbeat_at = models.DateTimeField(null=True)
+    stopped_at = models.DateTimeField(null=True)
+    # Uptime is charged per second from `ready_at` (a replica that never became ready costs
+    # nothing), at least hourly and when it stops, up to `charged_until`.
+    price_per_hour_micros = models.PositiveBigIntegerField(default=0)
+    charged_until = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.status})"
+
+
+class DeploymentEvent(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=40)
+    detail = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["deployment", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.type} at {self.created_at}"

@@ -1,0 +1,185 @@
+"""Create, update and delete deployments (their states change in `states`)."""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from providers import catalog
+from providers.services import is_usable
+from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus
+from serving.services import replicas, states
+from training import hooks
+from training.models import Checkpoint
+from veri.errors import Conflict, VeriError
+from veri.models import Workspace
+from volumes import selectors as volume_selectors
+from volumes import services as volume_services
+
+S = DeploymentStatus
+MAX_ADAPTERS = 16
+MAX_REPLICAS = 8
+SERVING_PROVIDERS = ("local",)  # providers whose machines can run a replica's serving process
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    gpu_type: str | None = None
+    gpu_count: int = 1
+    provider: str | None = None
+    region: str | None = None
+    min_replicas: int = 0
+    max_replicas: int = 1
+    idle_timeout_seconds: int = 900
+
+
+def resolve_adapter(*, workspace: Workspace, name: str, field: str) -> tuple[str, Checkpoint]:
+    """An adapter's name (an `ft:` model of this workspace, or a checkpoint id) as the base it
+    was trained on and the checkpoint holding it."""
+    found = hooks.fine_tuned_model(workspace=workspace, name=name)
+    if found is None:
+        checkpoint = (
+            Checkpoint.objects.filter(workspace=workspace, public_id=name)
+            .select_related("job")
+            .first()
+        )
+        found = checkpoint and (checkpoint.job.base_model, checkpoint)
+    if not found:
+        raise VeriError(
+            f"{name[:200]!r} is not a fine-tuned model nor a checkpoint of this workspace.",
+            field=field,
+            code="model_not_found",
+        )
+    return found
+
+
+def _adapters(*, workspace: Workspace, base_model: str | None, names: list[str]) -> tuple:
+    if len(names) > MAX_ADAPTERS:
+        raise VeriError(f"At most {MAX_ADAPTERS} adapters per deployment.", field="adapters")
+    if len(set(names)) != len(names):
+        raise VeriError("An adapter is named twice.", field="adapters")
+    adapters = []
+    for index, name in enumerate(names):
+        base, checkpoint = resolve_adapter(
+            workspace=workspace, name=name, field=f"adapters.{index}"
+        )
+        base_model = base_model or base
+        if base != base_model:
+            raise VeriError(
+                f"{name} was trained on {base}, not on the deployment's base {base_model}.",
+                field=f"adapters.{index}",
+                code="adapter_base_mismatch",
+            )
+        adapters.append({"name": name, "checkpoint_id": checkpoint.public_id})
+    if not base_model:
+        raise VeriError("base_model is required when no adapter is given.", field="base_model")
+    return base_model, adapters
+
+
+def _check_shape(shape: Shape) -> None:
+    if not 0 <= shape.min_replicas <= shape.max_replicas <= MAX_REPLICAS or shape.max_replicas < 1:
+        raise VeriError(
+            f"0 <= min_replicas <= max_replicas, 1 <= max_replicas <= {MAX_REPLICAS}.",
+            field="min_replicas",
+        )
+    if not 10 <= shape.idle_timeout_seconds <= 7 * 86400:
+        raise VeriError("idle_timeout_seconds is 10 to 604800.", field="idle_timeout_seconds")
+
+
+def _placement(shape: Shape) -> tuple[str, str, str]:
+    provider = shape.provider or SERVING_PROVIDERS[0]
+    spec = catalog.get_provider(provider)
+    if spec is None or not is_usable(provider):
+        raise VeriError(f"Provider {provider!r} is not offered here.", field="provider")
+    if provider not in SERVING_PROVIDERS:
+        # Rented machines boot the training worker only; their vLLM replicas are to come.
+        raise VeriError(
+            f"Deployments run on {', '.join(SERVING_PROVIDERS)} for now, not on {provider}.",
+            field="provider",
+            code="provider_not_supported",
+        )
+    gpu_type = shape.gpu_type or settings.VERI_SERVING_GPU_TYPE
+    if spec.gpu(gpu_type) is None:
+        raise VeriError(f"{provider} has no GPU type {gpu_type!r}.", field="gpu_type")
+    region = shape.region or settings.VERI_DEFAULT_REGION
+    if region not in spec.zones:
+        raise VeriError(f"{provider} does not run in region {region!r}.", field="region")
+    return provider, gpu_type, region
+
+
+def _pin_base(deployment: Deployment) -> None:
+    """A base model in a volume is pinned as it is now, as a job's inputs are: every replica
+    loads these files, whatever is uploaded over them later."""
+    if not deployment.base_model.startswith("volume://"):
+        return
+    name, _, path = deployment.base_model.removeprefix("volume://").partition("/")
+    volume = volume_selectors.get_volume(workspace=deployment.workspace, id_or_name=name)
+    if not volume_selectors.has_files_under(volume=volume, folder=path):
+        raise VeriError(f"No files under {deployment.base_model}.", field="base_model")
+    volume_services.pin_files(holder=deployment.pin_holder, volumes=[volume])
+
+
+@transaction.atomic
+def create_deployment(
+    *, workspace: Workspace, base_model: str | None, adapters: list[str], shape: Shape
+) -> Deployment:
+    """A deployment of `base_model` (or the base its adapters were trained on), whose first
+    replica starts at once; it scales to `min_replicas` after `idle_timeout_seconds`."""
+    _check_shape(shape)
+    provider, gpu_type, region = _placement(shape)
+    base_model, resolved = _adapters(workspace=workspace, base_model=base_model, names=adapters)
+    deployment = Deployment.objects.create(
+        workspace=workspace,
+        base_model=base_model,
+        adapters=resolved,
+        gpu_type=gpu_type,
+        gpu_count=shape.gpu_count,
+        provider=provider,
+        region=region,
+        min_replicas=shape.min_replicas,
+        max_replicas=shape.max_replicas,
+        idle_timeout_seconds=shape.idle_timeout_seconds,
+    )
+    _pin_base(deployment)
+    states.record_event(deployment=deployment, type="created", detail={"adapters": resolved})
+    replicas.start_replica(deployment=deployment)
+    deployment.refresh_from_db()  # now starting
+    return deployment
+
+
+@transaction.atomic
+def update_deployment(
+    *, deployment: Deployment, adapters: list[str] | None, changes: dict
+) -> Deployment:
+    """New replica bounds or idle timeout apply at once; new adapters reach the replicas started
+    from now on (a running replica keeps the adapters it loaded until it stops)."""
+    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    if deployment.status == S.FAILED:
+        raise Conflict("A failed deployment cannot change; delete it and deploy again.")
+    shape = Shape(
+        min_replicas=changes.get("min_replicas", deployment.min_replicas),
+        max_replicas=changes.get("max_replicas", deployment.max_replicas),
+        idle_timeout_seconds=changes.get("idle_timeout_seconds", deployment.idle_timeout_seconds),
+    )
+    _check_shape(shape)
+    fields = {k: getattr(shape, k) for k in changes}
+    if adapters is not None:
+        _, deployment.adapters = _adapters(
+            workspace=deployment.workspace, base_model=deployment.base_model, names=adapters
+        )
+        fields["adapters"] = deployment.adapters
+    for name, value in fields.items():
+        setattr(deployment, name, value)
+    deployment.save()
+    states.record_event(deployment=deployment, type="updated", detail=fields)
+    if deployment.min_replicas and not deployment.replicas.filter(status__in=REPLICA_LIVE):
+        replicas.start_replica(deployment=deployment)
+        deployment.refresh_from_db()
+    return deployment
+
+
+def delete_deployment(*, deployment: Deployment) -> None:
+    """Stop every replica (its machine terminated) and forget the deployment."""
+    replicas.stop_replicas(deployment=deployment, reason="deleted")
+    volume_services.release_pins(holder=deployment.pin_holder)
+    deployment.delete()

@@ -1,0 +1,20 @@
+"""django-q2 tasks for serving: launching a replica's machine, and the minute schedule that
+fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas.
+Each is idempotent and safe to run twice or concurrently."""
+
+from django.utils import timezone
+
+from serving.services import replicas
+
+
+def launch_replica(*, replica_id: int) -> str:
+    return replicas.launch_replica(replica_id=replica_id)
+
+
+def watch_deployments() -> dict[str, int]:
+    now = timezone.now()
+    return {
+        "failed": replicas.check_health(now=now),
+        "scaled_down": replicas.scale_idle(now=now),
+        "charged": replicas.charge_running(now=now),
+    }

@@ -1,0 +1,183 @@
+"""Serve what was trained: a fine-tune of the tiny model deployed on the local provider answers
+the official `openai` client (streaming and not) exactly as base + adapter do under PEFT, idles
+down to zero (its serving process gone), answers a cold request 503 + Retry-After and wakes,
+and stays invisible to another workspace — against a live server and a real task cluster."""
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from django_q.tasks import async_task
+
+from billing.models import LedgerEntry
+from providers.local import LocalProvider
+from serving.models import Replica
+from tests.conftest import assert_error, run_python
+from tests.e2e.test_openai_fine_tuning import FAST, SUPERVISED, wait_for_status
+from tests.e2e.test_training import TINY, download_final, platform  # noqa: F401 - a fixture
+from tests.openai_api.conftest import jsonl, openai_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+QUESTION = [{"role": "user", "content": "Name a fruit."}]
+TOKENS = 12
+ROWS = [
+    {"messages": QUESTION + [{"role": "assistant", "content": "plum plum plum is a fruit."}]}
+] * 32
+
+GREEDY = """
+import json, sys
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+base_path, adapter_path = sys.argv[1], sys.argv[2]
+messages, tokens = json.loads(sys.argv[3]), int(sys.argv[4])
+tokenizer = AutoTokenizer.from_pretrained(base_path)
+ids = tokenizer.apply_chat_template(
+    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+)["input_ids"]
+answers = []
+for adapter in (None, adapter_path):
+    model = AutoModelForCausalLM.from_pretrained(base_path)
+    if adapter:
+        model = PeftModel.from_pretrained(model, adapter)
+    out = model.generate(ids, max_new_tokens=tokens, do_sample=False)
+    answers.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+print(json.dumps(answers))
+"""
+
+
+def peft_greedy(base, adapter) -> tuple[str, str]:
+    """(base, base + adapter) greedy answers to QUESTION, by transformers + PEFT themselves."""
+    result = run_python(
+        "-c",
+        GREEDY,
+        str(base),
+        str(adapter),
+        json.dumps(QUESTION),
+        str(TOKENS),
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    return tuple(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def wait_deployment(api_client, deployment_id: str, status: str, timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        deployment = api_client.get(f"/v1/deployments/{deployment_id}").json()
+        if deployment["status"] == status:
+            return deployment
+        assert deployment["status"] != "failed", deployment
+        time.sleep(0.5)
+    events = api_client.get(f"/v1/deployments/{deployment_id}/events").json()["data"]
+    raise AssertionError(f"{deployment_id} not {status} after {timeout} s: {deployment} {events}")
+
+
+def ask(client: openai.OpenAI, model: str, **kwargs):
+    return client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=TOKENS, **kwargs
+    )
+
+
+def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes(
+    platform,  # noqa: F811
+    live_server,
+    api_client,
+    other_api_client,
+    tiny_model,
+    tmp_path,
+    settings,
+):
+    platform()
+    client = openai_client(live_server, api_client.raw_key)
+    training = client.files.create(file=("f.jsonl", jsonl(ROWS)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=TINY,
+        training_file=training.id,
+        seed=3,
+        method=SUPERVISED,
+        extra_body={"veri": FAST},
+    )
+    job = wait_for_status(client, job.id, {"succeeded", "failed", "cancelled"})
+    assert job.status == "succeeded", job.error
+    model = job.fine_tuned_model
+
+    created = api_client.post(
+        "/v1/deployments", {"adapters": [model], "idle_timeout_seconds": 600}, format="json"
+    )
+    assert created.status_code == 201, created.json()
+    deployment = created.json()
+    assert deployment["base_model"] == TINY and deployment["status"] == "starting"
+    wait_deployment(api_client, deployment["id"], "ready")
+
+    base_text, adapter_text = peft_greedy(
+        tiny_model, download_final(api_client, job.model_extra["veri_job_id"], tmp_path / "ft")
+    )
+    assert base_text != adapter_text  # the adapter changes the greedy answer
+    answer = ask(client, model)
+    assert answer.choices[0].message.content == adapter_text
+    assert answer.model == model and answer.usage.completion_tokens > 0
+    chunks = [
+        c.choices[0].delta.content or "" for c in ask(client, model, stream=True) if c.choices
+    ]
+    assert len([c for c in chunks if c]) > 1 and "".join(chunks) == adapter_text
+    assert ask(client, TINY).choices[0].message.content == base_text  # the base, same replica
+
+    # Another workspace sees no deployment and cannot call the model.
+    other = openai_client(live_server, other_api_client.raw_key)
+    with pytest.raises(openai.NotFoundError):
+        ask(other, model)
+    assert other_api_client.get(f"/v1/deployments/{deployment['id']}").status_code == 404
+    assert deployment["id"] not in str(other_api_client.get("/v1/deployments").json())
+
+    # Idle past its (now short) timeout, the schedule's task scales it to zero: the serving
+    # process is gone.
+    path = f"/v1/deployments/{deployment['id']}"
+    short = api_client.patch(path, {"idle_timeout_seconds": 10}, format="json").json()
+    assert short["idle_timeout_seconds"] == 10 and short["status"] == "ready"
+    [replica] = Replica.objects.filter(deployment__public_id=deployment["id"])
+    time.sleep(11)
+    async_task("serving.tasks.watch_deployments")
+    wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
+    assert not LocalProvider().states([replica.external_id])[replica.external_id].alive
+    events = [
+        e["type"]
+        for e in api_client.get(f"/v1/deployments/{deployment['id']}/events").json()["data"]
+    ]
+    assert events[-3:] == ["scaling_down", "replica_stopped", "stopped"]
+    [charge] = LedgerEntry.objects.filter(kind="deployment_charge")  # its uptime, once
+    assert charge.amount_micros < 0 and replica.public_id in charge.description
+
+    # Cold: 503 + Retry-After in OpenAI's shape, and the request wakes it; the client's own
+    # retries then get the answer.
+    api_client.patch(path, {"idle_timeout_seconds": 600}, format="json")
+    settings.VERI_SERVING_WAIT_SECONDS = 0
+    cold = httpx.post(
+        f"{live_server.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {api_client.raw_key}"},
+        json={"model": model, "messages": QUESTION, "max_tokens": TOKENS},
+        timeout=30,
+    )
+    assert cold.status_code == 503 and int(cold.headers["Retry-After"]) > 0
+    assert cold.json()["error"]["code"] == "model_starting"
+    assert cold.json()["error"]["type"] == "server_error"
+    patient = client.with_options(max_retries=30)
+    assert ask(patient, model).choices[0].message.content == adapter_text
+
+    # Its serving process killed: the schedule's task finds it gone and fails the replica with
+    # the catalog's code, the platform's (so its uncharged stretch is never charged); the
+    # deployment stops until the next request.
+    [_, woken] = Replica.objects.filter(deployment__public_id=deployment["id"]).order_by("pk")
+    os.killpg(int(woken.external_id.split(":")[0]), signal.SIGKILL)
+    async_task("serving.tasks.watch_deployments")
+    wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
+    failed = api_client.get(f"{path}/events").json()["data"][-2]
+    assert failed["type"] == "replica_failed" and failed["detail"]["code"] == "replica_failed"
+    assert LedgerEntry.objects.filter(kind="deployment_charge").count() == 1
+
+    assert api_client.delete(path).status_code == 204
+    assert_error(api_client.get(path), 404, "not_found")

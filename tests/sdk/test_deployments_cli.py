@@ -1,0 +1,34 @@
+"""`veri deploy` and `veri deployments list|get|delete` against a live control plane (the
+replica's launch is queued, not run: no task cluster here)."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+BASE = "Qwen/Qwen2.5-0.5B"
+
+
+def test_deploy_list_get_and_delete(cli, capsys):
+    code, out, err = cli(
+        "deploy", BASE, "--no-wait", "--idle-timeout", "60", "--json", capsys=capsys
+    )
+    assert code == 0, err
+    deployment = json.loads(out)
+    assert (deployment["base_model"], deployment["status"]) == (BASE, "starting")
+    assert deployment["idle_timeout_seconds"] == 60 and deployment["provider"] == "local"
+
+    code, out, _ = cli("deployments", "list", capsys=capsys)
+    assert code == 0 and deployment["id"] in out and BASE in out and "starting" in out
+    code, out, _ = cli("deployments", "get", deployment["id"], capsys=capsys)
+    assert code == 0 and json.loads(out)["id"] == deployment["id"]
+
+    code, out, _ = cli("deployments", "delete", deployment["id"], capsys=capsys)
+    assert code == 0 and deployment["id"] in out
+    code, _, err = cli("deployments", "get", deployment["id"], capsys=capsys)
+    assert code == 1 and "No deployment" in err
+
+
+def test_deploying_an_unknown_fine_tune_says_so(cli, capsys):
+    code, _, err = cli("deploy", "ft:volume/models/tiny:cli::nope", "--no-wait", capsys=capsys)
+    assert code == 1 and "not a fine-tuned model" in err

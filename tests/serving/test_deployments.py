@@ -1,0 +1,226 @@
+"""Deployments: the one transition function, the API's validation and workspace scoping, the
+idle scale-down and the router's answer for a cold or unknown model (OpenAI's error shape)."""
+
+import json
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.utils import timezone
+
+from serving.models import Deployment, Replica
+from serving.services import replicas, states
+from serving.services.deployments import Shape, create_deployment
+from tests.conftest import assert_error
+
+pytestmark = pytest.mark.django_db
+BASE = "Qwen/Qwen2.5-0.5B"
+
+
+@pytest.fixture
+def deployment(workspace) -> Deployment:
+    """A deployment whose first replica is written, its launch not run (no commit here)."""
+    return create_deployment(
+        workspace=workspace, base_model=BASE, adapters=[], shape=Shape(idle_timeout_seconds=60)
+    )
+
+
+def go(deployment: Deployment, to: str, **kwargs) -> Deployment:
+    return states.transition(deployment_id=deployment.pk, to=to, **kwargs)
+
+
+def test_the_states_move_only_along_the_machine_and_each_move_is_an_event(deployment):
+    assert deployment.status == "starting"
+    for to in ("ready", "scaling_down", "stopped", "starting", "ready"):
+        assert go(deployment, to).status == to
+    with pytest.raises(states.InvalidTransition):
+        go(Deployment.objects.get(pk=deployment.pk), "pending")
+    go(deployment, "stopped")
+    with pytest.raises(states.InvalidTransition):
+        go(deployment, "ready")  # stopped wakes through starting only
+    assert Deployment.objects.get(pk=deployment.pk).status == "stopped"  # nothing changed
+    events = list(deployment.events.order_by("pk").values_list("type", flat=True))
+    assert events == ["created", "starting", "ready", "scaling_down", "stopped"] + [
+        "starting",
+        "ready",
+        "stopped",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "attribution"), [("model_load_error", "customer"), ("replica_failed", "platform")]
+)
+def test_a_failure_takes_its_attribution_from_the_catalog_and_is_final(
+    deployment, code, attribution
+):
+    failed = go(deployment, "failed", error_code=code)
+    assert (failed.error_code, failed.error_attribution) == (code, attribution)
+    assert failed.events.last().detail["attribution"] == attribution
+    for to in ("starting", "ready", "stopped"):
+        with pytest.raises(states.InvalidTransition):
+            go(deployment, to)
+
+
+def test_another_workspace_gets_404_for_every_route(api_client, other_api_client):
+    created = api_client.post("/v1/deployments", {"base_model": BASE}, format="json")
+    assert created.status_code == 201, created.json()
+    path = f"/v1/deployments/{created.json()['id']}"
+    assert api_client.get(path).json()["status"] == "starting"
+    assert_error(other_api_client.get(path), 404, "not_found")
+    assert_error(other_api_client.patch(path, {"min_replicas": 1}, format="json"), 404, "not_found")
+    assert_error(other_api_client.delete(path), 404, "not_found")
+    assert_error(other_api_client.get(f"{path}/events"), 404, "not_found")
+    assert other_api_client.get("/v1/deployments").json()["data"] == []
+    assert api_client.delete(path).status_code == 204
+    assert_error(api_client.get(path), 404, "not_found")
+
+
+def test_create_refuses_what_it_cannot_serve(api_client, other_api_client):
+    def refused(body: dict, code: str, field: str) -> None:
+        assert_error(api_client.post("/v1/deployments", body, format="json"), 400, code, field)
+
+    refused({"adapters": ["ft:volume/models/tiny:acme::nope"]}, "model_not_found", "adapters.0")
+    refused({}, "invalid_request", "base_model")
+    refused(
+        {"base_model": BASE, "min_replicas": 3, "max_replicas": 2},
+        "invalid_request",
+        "min_replicas",
+    )
+    refused(
+        {"base_model": BASE, "idle_timeout_seconds": 1}, "invalid_request", "idle_timeout_seconds"
+    )
+    refused({"base_model": BASE, "gpu_type": "TPU9"}, "invalid_request", "gpu_type")
+    refused({"base_model": BASE, "provider": "nowhere"}, "invalid_request", "provider")
+    assert not Deployment.objects.exists()
+
+
+def test_idle_deployments_scale_to_zero_once_whoever_runs_the_task(deployment):
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
+    now = timezone.now()
+    assert replicas.scale_idle(now=now) == 0  # active just now
+    later = now + timedelta(seconds=61)
+    assert replicas.scale_idle(now=later) == 1
+    assert replicas.scale_idle(now=later) == 0  # a second run finds nothing to do
+    deployment.refresh_from_db()
+    replica.refresh_from_db()
+    assert deployment.status == "stopped"
+    assert (replica.status, replica.token_hash) == ("stopped", "")  # its token died with it
+    kinds = list(deployment.events.order_by("pk").values_list("type", flat=True))
+    assert kinds[-3:] == ["scaling_down", "replica_stopped", "stopped"]
+
+
+def test_min_replicas_are_kept_when_idle(deployment):
+    replicas.mark_ready(replica=deployment.replicas.get(), url="http://127.0.0.1:9")
+    Deployment.objects.filter(pk=deployment.pk).update(min_replicas=1)
+    assert replicas.scale_idle(now=timezone.now() + timedelta(hours=1)) == 0
+    assert Deployment.objects.get(pk=deployment.pk).status == "ready"
+
+
+def test_inference_for_an_unknown_model_or_a_cold_one_answers_in_openais_shape(
+    api_client, deployment, settings
+):
+    settings.VERI_SERVING_WAIT_SECONDS = 0
+    unknown = api_client.post(
+        "/v1/chat/completions", {"model": "ft:nope", "messages": []}, format="json"
+    )
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == {
+        "message": unknown.json()["error"]["message"],
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    replicas.stop_replicas(deployment=deployment, reason="idle")
+    states.transition(deployment_id=deployment.pk, to="stopped")
+    cold = api_client.post("/v1/completions", {"model": BASE, "prompt": "x"}, format="json")
+    assert cold.status_code == 503 and int(cold["Retry-After"]) > 0
+    assert cold.json()["error"]["code"] == "model_starting"
+    # The request woke it: a new replica is starting.
+    assert Deployment.objects.get(pk=deployment.pk).status == "starting"
+    assert Replica.objects.filter(deployment=deployment, status="starting").count() == 1
+
+
+def test_uptime_is_charged_per_second_from_ready_once_and_never_for_a_replica_never_ready(
+    deployment, workspace
+):
+    from billing.models import LedgerEntry
+
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
+    ready_at = timezone.now() - timedelta(hours=1, seconds=90)
+    Replica.objects.filter(pk=replica.pk).update(ready_at=ready_at)
+    replica.refresh_from_db()
+    hour = replica.price_per_hour_micros
+    assert hour > 0
+    # Hourly charges of a running replica: nothing due before its first hour.
+    assert replicas.charge_running(now=ready_at + timedelta(minutes=59)) == 0
+    assert replicas.charge_running(now=ready_at + timedelta(hours=1)) == 1
+    assert replicas.charge_running(now=ready_at + timedelta(hours=1)) == 0  # a rerun: nothing
+    replicas.stop_replicas(deployment=deployment, reason="idle")
+    replica.refresh_from_db()
+    charges = list(LedgerEntry.objects.filter(workspace=workspace, kind="deployment_charge"))
+    assert len(charges) == 2
+    seconds = (replica.stopped_at - ready_at).total_seconds()
+    assert sum(c.amount_micros for c in charges) == pytest.approx(-hour * seconds / 3600, abs=2)
+    # A replica that never became ready, failed: nothing charged.
+    states.transition(deployment_id=deployment.pk, to="stopped")
+    second = replicas.start_replica(deployment=deployment)
+    replicas.fail_replica(replica=second, code="replica_start_timeout")
+    assert LedgerEntry.objects.filter(kind="deployment_charge").count() == 2
+
+
+class DyingReplica(BaseHTTPRequestHandler):
+    """A serving process that dies mid-answer: one chunk of a stream, then its connection
+    closes."""
+
+    protocol_version = "HTTP/1.0"
+
+    def do_POST(self):  # noqa: N802 - the base class's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": "pl"}}]}\n\n')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def dying_replica():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DyingReplica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_and_is_failed(
+    api_client, deployment, dying_replica
+):
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url=dying_replica)
+    body = {"model": BASE, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    response = api_client.post("/v1/chat/completions", body, format="json")
+    assert response.status_code == 200
+    events = b"".join(response.streaming_content).decode().split("\n\n")
+    assert events[0].startswith("data: ") and "pl" in events[0]
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] == "replica_failed" and error["type"] == "server_error"
+    replica.refresh_from_db()
+    assert (replica.status, replica.error_code) == ("failed", "replica_failed")
+    assert Deployment.objects.get(pk=deployment.pk).status == "stopped"  # the next request wakes it
+
+
+def test_an_unreachable_replica_is_failed_and_the_request_told_to_retry(api_client, deployment):
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")  # nothing listens there
+    response = api_client.post("/v1/completions", {"model": BASE, "prompt": "x"}, format="json")
+    assert response.status_code == 503 and int(response["Retry-After"]) > 0
+    assert response.json()["error"]["code"] == "model_starting"
+    replica.refresh_from_db()
+    assert replica.status == "failed"
+    # A new replica is on its way for the retry.
+    assert Deployment.objects.get(pk=deployment.pk).status == "starting"
+    assert deployment.replicas.filter(status="starting").count() == 1
