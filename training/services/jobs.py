@@ -622,7 +622,12 @@ def _why_no_checkpoint(job: TrainingJob) -> str:
 
 def resubmit_job(*, job: TrainingJob) -> TrainingJob:
     """A new job with the same spec, from the start (a job that ended before saving anything)."""
-    return submit_job(workspace=job.workspace, submission=_again(job, checkpoint=None))
+    return submit_job(workspace=job.workspace, submission=submission_of(job))
+
+
+def submission_of(job: TrainingJob) -> Submission:
+    """What submitting `job` again from the start would send (the dashboard's Clone)."""
+    return _again(job, checkpoint=None)
 
 
 def _again(job: TrainingJob, *, checkpoint: Checkpoint | None) -> Submission:
