@@ -83,11 +83,30 @@ def job_new(request):
         form = NewJobForm(initial=initial, datasets=datasets)
         if source:
             kept.append(f"Filled in from {source.public_id}: change what you like and submit.")
+            left = [
+                name
+                for name, value in (
+                    ("volumes", _asked_volumes(source)),
+                    ("integrations", source.integrations),
+                    ("validation dataset", source.validation_dataset_id),
+                )
+                if value
+            ]
+            if left:
+                kept.append(f"Not on this form, so not cloned: its {', '.join(left)}.")
     if form["reward_source"].value():
         name = form["reward_name"].value() or "the reward file"
         kept.append(f"Reward: {name} is kept; choose a file only to replace it.")
     context = {"form": form, "kept": kept, "defaults": method_defaults()}
     return render(request, "dashboard/job_new.html", context)
+
+
+def _asked_volumes(job) -> list[str]:
+    """The volumes a job was given by name, beyond those its base model and dataset imply."""
+    implied = {job.base_model.removeprefix("volume://").split("/", 1)[0]}
+    if job.dataset.volume_id:
+        implied.add(job.dataset.volume.public_id)
+    return [v["name"] for v in job.volumes if not implied & {v["name"], v["id"]}]
 
 
 def _take_files(request, data, datasets: list, kept: list[str]) -> str | None:

@@ -125,6 +125,13 @@ def test_clone_fills_the_form_with_the_jobs_values(browser, submit):
     assert field_value(page, "reward_source") == source.reward_source
     assert "&quot;max_response_length&quot;: 16" in page
     assert "&quot;r&quot;: 8" in page
+    assert "Not on this form" not in page
+
+
+def test_clone_says_what_the_form_cannot_carry(browser, submit, dataset):
+    source = submit(validation_dataset_id=dataset["id"])
+    page = browser.get(f"/jobs/new/?clone={source.public_id}").content.decode()
+    assert "Not on this form, so not cloned: its validation dataset." in page
 
 
 def test_clone_of_another_workspaces_job_is_404(submit, db):
