@@ -53,10 +53,10 @@ def job_list(request):
 @workspace_view
 def job_new(request):
     """The new-job form; `?clone=<job id>` fills it with that job's values."""
-    datasets = list(selectors.list_datasets(workspace=request.workspace).order_by("-pk")[:200])
     kept: list[str] = []  # what the form keeps of the files chosen before an error
     if request.method == "POST":
         data = request.POST.copy()
+        datasets = _dataset_choices(request, data.get("dataset"))
         upload_error = _take_files(request, data, datasets, kept)
         form = NewJobForm(data, datasets=datasets)
         if form.is_valid() and not upload_error:
@@ -78,9 +78,9 @@ def job_new(request):
             initial["reward_name"] = (
                 f"the reward of {source.public_id}" if source.reward_source else ""
             )
-            if source.dataset not in datasets:
-                datasets.append(source.dataset)
-        form = NewJobForm(initial=initial, datasets=datasets)
+        form = NewJobForm(
+            initial=initial, datasets=_dataset_choices(request, initial.get("dataset"))
+        )
         if source:
             kept.append(f"Filled in from {source.public_id}: change what you like and submit.")
             left = [
@@ -99,6 +99,14 @@ def job_new(request):
         kept.append(f"Reward: {name} is kept; choose a file only to replace it.")
     context = {"form": form, "kept": kept, "defaults": method_defaults()}
     return render(request, "dashboard/job_new.html", context)
+
+
+def _dataset_choices(request, chosen: str | None) -> list:
+    """The workspace's newest datasets, and the chosen one (a clone's, a posted one) if older."""
+    datasets = list(selectors.list_datasets(workspace=request.workspace).order_by("-pk")[:200])
+    if chosen and all(d.public_id != chosen for d in datasets):
+        datasets += selectors.list_datasets(workspace=request.workspace).filter(public_id=chosen)
+    return datasets
 
 
 def _asked_volumes(job) -> list[str]:
@@ -143,7 +151,10 @@ def job_quote(request):
     data = request.POST.copy()
     if not data.get("reward_source"):
         data["reward_source"] = QUOTE_REWARD
-    form = NewJobForm(data, datasets=selectors.list_datasets(workspace=request.workspace))
+    chosen = selectors.list_datasets(workspace=request.workspace).filter(
+        public_id=data.get("dataset") or ""
+    )
+    form = NewJobForm(data, datasets=chosen)
     if not form.is_valid():
         name, errors = next(iter(form.errors.items()))
         if name == "dataset":
