@@ -60,9 +60,7 @@ class Command(DjangoQCommand):
         )
         for schedule in Schedule.objects.order_by("name"):
             log.info("schedule %s: %s", schedule.name, _every(schedule))
-        result = super().handle(*args, **options)
-        log.info("task cluster %r stopped", Conf.PREFIX)
-        return result
+        return super().handle(*args, **options)  # returns once the cluster is up
 
 
 def _every(schedule: Schedule) -> str:
