@@ -82,7 +82,7 @@ class NewJobForm(forms.Form):
                 [
                     (
                         f"{spec.name}:{gpu.name}",
-                        f"{gpu.name} · {gpu.price_per_gpu_hour} USD per GPU-hour · "
+                        f"{spec.name} · {gpu.name} · {gpu.price_per_gpu_hour} USD per GPU-hour · "
                         f"up to {gpu.max_count} per job",
                     )
                     for gpu in spec.gpus

@@ -21,7 +21,7 @@ from training.services import jobs as job_services
 from training.services import logs as log_services
 from training.services import quotes as quote_services
 from veri.errors import VeriError
-from veri.money import usd
+from veri.money import cents_half_up, usd
 
 PAGE = 25
 LOG_LINES = 1000
@@ -173,11 +173,18 @@ def job_quote(request):
     return JsonResponse({"quote": _quote_text(quote)})
 
 
+def _cents(micros: int) -> str:
+    """An estimate to the cent (below one: "under 0.01")."""
+    cents = cents_half_up(micros)
+    return usd(cents * 10_000) if cents else "under 0.01"
+
+
 def _quote_text(quote: dict) -> str:
     cost, seconds = quote["cost_micros"], quote["gpu_seconds"]
     minutes = max(1, round(seconds["expected"] / 60))
     text = (
-        f"{usd(cost['low'])} to {usd(cost['high'])} USD, expected {usd(cost['expected'])} USD: "
+        f"{_cents(cost['low'])} to {_cents(cost['high'])} USD, expected "
+        f"{_cents(cost['expected'])} USD: "
         f"about {minutes} min on {quote['gpu_count']}x {quote['gpu_type']} "
         f"({quote['provider']}, {quote['region']}) at "
         f"{usd(quote['price_per_hour_micros'])} USD/hour, "

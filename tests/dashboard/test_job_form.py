@@ -35,7 +35,7 @@ def test_the_form_shows_each_default_and_gpus_as_the_catalog_names_them(browser,
     assert 'placeholder="1e-05"' in page and "default: 16" in page  # learning rate, batch size
     assert "&quot;max_response_length&quot;: 256" in page  # the others, as JSON
     assert '<optgroup label="aws">' in page and '<optgroup label="local">' in page
-    assert re.search(r'<option value="local:cpu"[^>]*>cpu · [\d.]+ USD per GPU-hour', page)
+    assert re.search(r'<option value="local:cpu"[^>]*>local · cpu · [\d.]+ USD per GPU-hour', page)
     assert "This machine" not in page
     assert 'id="method-defaults"' in page and "none: 1 epoch(s)" in page  # SFT's, for the script
 
@@ -51,6 +51,7 @@ def test_the_quote_follows_the_gpu_count(browser, dataset, cloud):
     one = browser.post("/jobs/new/quote.json", fields).json()
     two = browser.post("/jobs/new/quote.json", {**fields, "gpu_count": "2"}).json()
     assert "1x L4-24GB (aws, us-east-1)" in one["quote"], one
+    assert re.match(r"\d+\.\d\d to \d+\.\d\d USD, expected \d+\.\d\d USD", one["quote"])
     assert "2x L4-24GB" in two["quote"], two
     price = re.compile(r"at ([\d.]+) USD/hour")
     assert float(price.search(two["quote"])[1]) == 2 * float(price.search(one["quote"])[1])
