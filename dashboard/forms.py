@@ -15,7 +15,11 @@ from webhooks.services import EVENT_TYPES
 
 # The hyperparameters the form has a field of their own; the others go in its JSON box.
 NAMED_HYPERPARAMETERS = ("max_steps", "learning_rate", "batch_size")
-SUBMISSION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Submission)}
+SUBMISSION_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(Submission)
+    if f.default is not dataclasses.MISSING
+}
 
 
 def _json_object(value: str, label: str) -> dict:
