@@ -20,7 +20,7 @@ from billing.models import (
     StripeEvent,
 )
 from training import errors
-from training.admin import TrainingJobAdmin
+from training.admin import TrainingJobAdmin, as_json
 from training.models import JobEvent, LogChunk, TrainingJob
 from veri import money
 from veri.errors import VeriError
@@ -179,7 +179,9 @@ class RefundAdmin(ReattributeAction, ReadOnlyAdmin):
         events = JobEvent.objects.filter(job=refund.job).order_by("-pk")[:10]
         return format_html(
             "<ul>{}</ul>",
-            format_html_join("", "<li>{} {} {}</li>", ((e.at, e.type, e.detail) for e in events)),
+            format_html_join(
+                "", "<li>{} {} {}</li>", ((e.at, e.type, as_json(e.detail)) for e in events)
+            ),
         )
 
     @admin.display(description="log tail (last 40 lines)")

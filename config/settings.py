@@ -229,11 +229,18 @@ Q_CLUSTER = {
     "ack_failures": True,
 }
 
+# The task cluster says what it does (started, its schedules, each job launched or settled).
+VERI_CLUSTER_LOG_LEVEL = env.str("VERI_CLUSTER_LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("VERI_LOG_LEVEL", default="WARNING")},
+    "loggers": {
+        name: {"level": VERI_CLUSTER_LOG_LEVEL}
+        for name in ("config.management.commands.qcluster", "training.tasks")
+    },
 }
 
 # Veri

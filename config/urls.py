@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 from django.views.defaults import bad_request, page_not_found
 from django.views.defaults import server_error as html_server_error
 
+from config.favicon import favicon
 from config.health import healthz
 from config.schema import SchemaView
 from providers.api import GpusView, RegionsView
@@ -40,6 +41,7 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", favicon, name="favicon"),
     path("v1/", include(v1)),
     path("", include("dashboard.urls")),
 ]

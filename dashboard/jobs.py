@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from dashboard import progress, runs
-from dashboard.forms import SUBMIT_FIELDS, NewJobForm
+from dashboard.forms import NewJobForm, form_field_for, method_defaults
 from dashboard.templatetags.dashboard import dollars, money
 from dashboard.workspaces import int_param, or_404, workspace_view
 from training import errors, reuse, selectors, specs
@@ -23,7 +23,9 @@ from training.models import JobStatus
 from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
+from training.services import quotes as quote_services
 from veri.errors import VeriError
+from veri.money import cents_half_up, usd
 
 PAGE = 25
 LOG_LINES = 1000
@@ -61,26 +63,147 @@ def job_list(request):
 
 @workspace_view
 def job_new(request):
-    datasets = list(selectors.list_datasets(workspace=request.workspace).order_by("-pk")[:200])
-    form = NewJobForm(request.POST or None, request.FILES or None, datasets=datasets)
-    if request.method == "POST" and form.is_valid():
-        try:
-            fields = form.submission_fields()
-            upload = form.cleaned_data.get("dataset_file")
-            if upload:
-                dataset, _ = dataset_services.create_uploaded_dataset(
-                    workspace=request.workspace, file=upload
+    """The new-job form; `?clone=<job id>` fills it with that job's values."""
+    kept: list[str] = []  # what the form keeps of the files chosen before an error
+    if request.method == "POST":
+        data = request.POST.copy()
+        datasets = _dataset_choices(request, data.get("dataset"))
+        upload_error = _take_files(request, data, datasets, kept)
+        form = NewJobForm(data, datasets=datasets)
+        if form.is_valid() and not upload_error:
+            try:
+                job = job_services.submit_job(
+                    workspace=request.workspace,
+                    submission=job_services.Submission(**form.submission_fields()),
                 )
-                fields["dataset_id"] = dataset.public_id
-            else:
-                fields["dataset_id"] = form.cleaned_data["dataset"]
-            job = job_services.submit_job(
-                workspace=request.workspace, submission=job_services.Submission(**fields)
+                return redirect("dashboard:job", job_id=job.public_id)
+            except VeriError as exc:
+                form.add_error(form_field_for(exc.field), exc.message)
+        if upload_error:
+            form.add_error("dataset_file", upload_error)
+    else:
+        initial, source = {}, None
+        if clone := request.GET.get("clone"):
+            source = _job(request, clone)
+            initial = NewJobForm.initial_from(job_services.submission_of(source))
+            initial["reward_name"] = (
+                f"the reward of {source.public_id}" if source.reward_source else ""
             )
-            return redirect("dashboard:job", job_id=job.public_id)
-        except VeriError as exc:
-            form.add_error(SUBMIT_FIELDS.get(exc.field or "", None), exc.message)
-    return render(request, "dashboard/job_new.html", {"form": form})
+        form = NewJobForm(
+            initial=initial, datasets=_dataset_choices(request, initial.get("dataset"))
+        )
+        if source:
+            kept.append(f"Filled in from {source.public_id}: change what you like and submit.")
+            left = [
+                name
+                for name, value in (
+                    ("volumes", _asked_volumes(source)),
+                    ("integrations", source.integrations),
+                    ("validation dataset", source.validation_dataset_id),
+                )
+                if value
+            ]
+            if left:
+                kept.append(f"Not on this form, so not cloned: its {', '.join(left)}.")
+    if form["reward_source"].value():
+        name = form["reward_name"].value() or "the reward file"
+        kept.append(f"Reward: {name} is kept; choose a file only to replace it.")
+    context = {"form": form, "kept": kept, "defaults": method_defaults()}
+    return render(request, "dashboard/job_new.html", context)
+
+
+def _dataset_choices(request, chosen: str | None) -> list:
+    """The workspace's newest datasets, and the chosen one (a clone's, a posted one) if older."""
+    datasets = list(selectors.list_datasets(workspace=request.workspace).order_by("-pk")[:200])
+    if chosen and all(d.public_id != chosen for d in datasets):
+        datasets += selectors.list_datasets(workspace=request.workspace).filter(public_id=chosen)
+    return datasets
+
+
+def _asked_volumes(job) -> list[str]:
+    """The volumes a job was given by name, beyond those its base model and dataset imply."""
+    implied = {job.base_model.removeprefix("volume://").split("/", 1)[0]}
+    if job.dataset.volume_id:
+        implied.add(job.dataset.volume.public_id)
+    return [v["name"] for v in job.volumes if not implied & {v["name"], v["id"]}]
+
+
+def _take_files(request, data, datasets: list, kept: list[str]) -> str | None:
+    """Files a browser cannot give back after an error, kept as values the form can: an upload
+    becomes a dataset (the same bytes again are the same dataset) and is selected, a reward
+    file's text rides in `reward_source`. Returns the upload's error, if any."""
+    if reward := request.FILES.get("reward_file"):
+        data["reward_source"] = reward.read().decode("utf-8", "replace")
+        data["reward_name"] = reward.name
+    upload = request.FILES.get("dataset_file")
+    if not upload:
+        return None
+    try:
+        dataset, _ = dataset_services.create_uploaded_dataset(
+            workspace=request.workspace, file=upload
+        )
+    except VeriError as exc:
+        return f"{exc.message} Choose the file again once fixed."
+    data["dataset"] = dataset.public_id
+    if dataset not in datasets:
+        datasets.insert(0, dataset)
+    kept.append(f"Dataset: {upload.name} was uploaded as {dataset.public_id}, selected below.")
+    return None
+
+
+# The reward does not change a quote: a form without one yet is quoted with this.
+QUOTE_REWARD = "def reward(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+
+
+@require_POST
+@workspace_view
+def job_quote(request):
+    """The new-job form's live quote: what its values would cost, renting and writing nothing."""
+    data = request.POST.copy()
+    if not data.get("reward_source"):
+        data["reward_source"] = QUOTE_REWARD
+    chosen = selectors.list_datasets(workspace=request.workspace).filter(
+        public_id=data.get("dataset") or ""
+    )
+    form = NewJobForm(data, datasets=chosen)
+    if not form.is_valid():
+        name, errors = next(iter(form.errors.items()))
+        if name == "dataset":
+            message = "Pick a dataset to see a quote (a new file is quoted once submitted)."
+            return JsonResponse({"error": message})
+        field = form.fields.get(name)
+        label = (field.label or name.replace("_", " ").capitalize()) if field else ""
+        return JsonResponse({"error": f"{label}: {errors[0]}" if label else errors[0]})
+    try:
+        quote = quote_services.quote_job(
+            workspace=request.workspace,
+            submission=job_services.Submission(**form.submission_fields()),
+        )
+    except VeriError as exc:
+        return JsonResponse({"error": exc.message, "field": form_field_for(exc.field)})
+    return JsonResponse({"quote": _quote_text(quote)})
+
+
+def _cents(micros: int) -> str:
+    """An estimate to the cent (below one: "under 0.01")."""
+    cents = cents_half_up(micros)
+    return usd(cents * 10_000) if cents else "under 0.01"
+
+
+def _quote_text(quote: dict) -> str:
+    cost, seconds = quote["cost_micros"], quote["gpu_seconds"]
+    minutes = max(1, round(seconds["expected"] / 60))
+    text = (
+        f"{_cents(cost['low'])} to {_cents(cost['high'])} USD, expected "
+        f"{_cents(cost['expected'])} USD: "
+        f"about {minutes} min on {quote['gpu_count']}x {quote['gpu_type']} "
+        f"({quote['provider']}, {quote['region']}) at "
+        f"{usd(quote['price_per_hour_micros'])} USD/hour, "
+        f"{quote['assumptions']['steps']} steps."
+    )
+    if quote["max_cost_micros"]:
+        text += f" Capped at {usd(quote['max_cost_micros'])} USD."
+    return text
 
 
 def _cost_usd(job) -> str | None:

@@ -9,6 +9,7 @@ urlpatterns = [
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/new/", jobs.job_new, name="job_new"),
     path("jobs/compare/", runs.compare, name="compare"),
+    path("jobs/new/quote.json", jobs.job_quote, name="job_quote"),
     path("jobs/<str:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<str:job_id>/status.json", jobs.job_status, name="job_status"),
     path("jobs/<str:job_id>/logs.json", jobs.job_logs, name="job_logs"),

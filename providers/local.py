@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -183,6 +184,10 @@ class LocalProvider(ProviderAdapter):
             stderr=subprocess.DEVNULL,
         )
         (self._reclaimed_dir() / str(host.pid)).unlink(missing_ok=True)  # a reused pid's
+        # Reaped by this process (its parent) the moment it ends, however it ends: killed by a
+        # cancel in another task worker, a simulated preemption, a test. Else it stays a zombie
+        # until this task worker exits.
+        threading.Thread(target=host.wait, name=f"reap-{host.pid}", daemon=True).start()
         return f"{host.pid}:{_start_time(host.pid)}"
 
     def _reclaimed_dir(self) -> Path:

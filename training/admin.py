@@ -1,16 +1,33 @@
+import json
+
 from django.contrib import admin
+from django.utils.html import format_html
 
 from training.models import Checkpoint, Dataset, JobEvent, LogChunk, TrainingJob
 from training.services import jobs as job_services
 
 
+def as_json(value) -> str:
+    """A JSON value as an operator reads it (an event's detail, a job's settings), wrapped in
+    the page's width: never a Python repr."""
+    return format_html('<pre class="veri-json">{}</pre>', json.dumps(value, indent=1, default=str))
+
+
 class JobEventInline(admin.TabularInline):
     model = JobEvent
     extra = 0
-    fields = ["type", "at", "detail"]
+    fields = ["type", "at", "step", "event_detail"]
     readonly_fields = fields
     can_delete = False
     max_num = 0
+
+    @admin.display(description="step")
+    def step(self, event: JobEvent):
+        return event.detail.get("step", "") if isinstance(event.detail, dict) else ""
+
+    @admin.display(description="detail")
+    def event_detail(self, event: JobEvent):
+        return as_json(event.detail)
 
 
 class RecentLogInline(admin.TabularInline):
@@ -60,6 +77,9 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # a job is a billed record: its charges and refunds point at it
 
     @admin.action(description="Cancel selected jobs (terminates their instances now)")
     def cancel(self, request, queryset):

@@ -23,13 +23,20 @@ ACTIVE = [S.QUEUED, S.PROVISIONING, S.CONFIGURING, S.RUNNING]
 
 
 def provision_job(*, job_id: int) -> str:
-    return provisioning.launch_job(job_id=job_id)
+    outcome = provisioning.launch_job(job_id=job_id)
+    job = TrainingJob.objects.filter(pk=job_id).values("public_id", "provider", "gpu_type").first()
+    if job:
+        log.info("launch of %s on %s (%s): %s", *job.values(), outcome)
+    return outcome
 
 
 def settle_job(*, job_id: int) -> None:
     """Settle an ended job (see `jobs.settle_job`), then give a freed slot to the next queued
     job."""
     if jobs.settle_job(job_id=job_id):
+        job = TrainingJob.objects.values("public_id", "status", "error_code").get(pk=job_id)
+        why = f" ({job['error_code']})" if job["error_code"] else ""
+        log.info("settled %s: %s%s", job["public_id"], job["status"], why)
         _enqueue_waiting()
 
 

@@ -86,6 +86,14 @@ class ApiTransport:
         )
 
     def request(self, method: str, path: str, *, json=None, params=None, files=None, data=None):
+        return self.request_with_status(
+            method, path, json=json, params=params, files=files, data=data
+        )[0]
+
+    def request_with_status(
+        self, method: str, path: str, *, json=None, params=None, files=None, data=None
+    ) -> tuple:
+        """The answer's body and HTTP status (201 created, 200 an existing object returned)."""
         if not self.api_key:
             raise AuthenticationError(0, "missing_api_key", f"No API key: {LOGIN_HINT}.")
         headers = {"Idempotency-Key": str(uuid.uuid4())} if method == "POST" else {}
@@ -104,10 +112,10 @@ class ApiTransport:
                 body = None
             raise error_from_body(response.status_code, body)
         if not response.content:
-            return None
+            return None, response.status_code
         if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.text
+            return response.json(), response.status_code
+        return response.text, response.status_code
 
     def paginate(self, path: str, params: dict | None = None) -> Iterator[dict]:
         params = dict(params or {}, limit=200)

@@ -46,6 +46,8 @@ class Dataset:
     row_count: int | None = None
     data: dict = field(default_factory=dict, repr=False)
     datasets: Datasets | None = field(default=None, repr=False, compare=False)
+    # From `upload`: False when the workspace already had these bytes and this is that dataset.
+    created: bool = field(default=True, compare=False)
 
     @classmethod
     def from_api(cls, data: dict, datasets: Datasets | None = None) -> Dataset:
@@ -84,13 +86,15 @@ class Datasets:
     def upload(self, path: str | Path, *, name: str = "") -> Dataset:
         path = Path(path)
         with path.open("rb") as f:
-            data = self.api.request(
+            data, status = self.api.request_with_status(
                 "POST",
                 "/datasets",
                 files={"file": (path.name, f)},
                 data={"name": name} if name else None,
             )
-        return Dataset.from_api(data, self)
+        dataset = Dataset.from_api(data, self)
+        dataset.created = status == 201
+        return dataset
 
     def from_volume(self, volume: str, path: str, *, name: str = "") -> Dataset:
         body = {"source": "volume", "volume": volume, "path": path, "name": name}

@@ -1,5 +1,7 @@
 """Operators' billing actions in the Django admin, through Django's test client."""
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 
@@ -52,3 +54,20 @@ def test_a_customer_failure_is_reattributed_from_the_jobs_admin(submit, billed, 
     ]
     change = AttributionChange.objects.get()
     assert (change.job, change.from_attribution, change.changed_by) == (oom, "customer", operator)
+
+
+def test_the_jobs_admin_shows_events_as_json_and_offers_no_delete(submit, billed, client):
+    failed = failed_after_an_hour(submit, "provider_reclaimed")  # billed, with a pending refund
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    listing = client.get(JOBS).content.decode()
+    assert failed.public_id in listing and 'value="delete_selected"' not in listing
+    assert client.get(f"{JOBS}{failed.pk}/delete/").status_code == 403
+    page = client.get(f"{JOBS}{failed.pk}/change/").content.decode()
+    assert re.search(r'<pre class="veri-json">\{\s*&quot;from&quot;: &quot;\w+&quot;', page)
+    assert "{&#x27;" not in page  # an event's detail as JSON, never a Python repr
+    refund = Refund.objects.get(job=failed)
+    review = client.get(f"/admin/billing/refund/{refund.pk}/change/").content.decode()
+    assert "&quot;code&quot;: &quot;provider_reclaimed&quot;" in review, review
+    assert "{&#x27;" not in review
+    favicon = client.get("/favicon.ico")
+    assert favicon.status_code == 200 and favicon["Content-Type"] == "image/svg+xml"

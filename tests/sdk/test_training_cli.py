@@ -460,9 +460,12 @@ def test_a_validation_dataset_from_the_sdk_and_from_a_job_file(cli, capsys, acco
 def test_datasets_dedup_preview_and_delete_from_the_sdk_and_cli(cli, capsys, account, tmp_path):
     client = Client()
     first = client.datasets.upload(dataset_file(tmp_path))
+    assert first.created
     code, out, _ = cli("datasets", "upload", dataset_file(tmp_path), capsys=capsys)
     assert code == 0 and out.split()[0] == first.id  # the same bytes: the same dataset
-    assert client.datasets.upload(dataset_file(tmp_path)).id == first.id
+    assert "reused: this workspace already had these bytes" in " ".join(out.split()), out
+    again = client.datasets.upload(dataset_file(tmp_path))
+    assert again.id == first.id and not again.created
     assert first.preview(rows=2) == GRPO_ROWS[:2]
     code, out, _ = cli("datasets", "preview", first.id, capsys=capsys)
     assert code == 0 and [json.loads(line) for line in out.splitlines()] == GRPO_ROWS[:5]

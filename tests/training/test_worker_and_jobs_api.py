@@ -324,6 +324,16 @@ def test_resume_starts_a_new_job_from_the_newest_checkpoint(api_client, submit):
     assert Checkpoint.objects.get(public_id=newest["id"]).resumed_by.get() == new_job
 
 
+def test_resume_of_a_job_cancelled_before_its_first_checkpoint_says_so(api_client, submit):
+    job = submit(checkpoint_every=10, hyperparameters={"max_steps": 20})
+    assert api_client.post(f"/v1/training_jobs/{job.public_id}/cancel").status_code == 200
+    answer = api_client.post(f"/v1/training_jobs/{job.public_id}/resume", {}, format="json")
+    assert_error(answer, 400, "no_checkpoint")
+    message = answer.json()["error"]["message"]
+    assert "cancelled at its first step, before its first checkpoint (every 10 steps)" in message
+    assert "set checkpoint_every" not in message
+
+
 def test_a_job_that_trained_all_its_steps_has_nothing_to_resume(api_client, submit):
     job = submit(checkpoint_every=5, hyperparameters={"max_steps": 10})
     tasks.provision_job(job_id=job.pk)

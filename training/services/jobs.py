@@ -585,8 +585,8 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
         checkpoint = checkpoints.order_by("-step", "final").first()
         if checkpoint is None:
             raise VeriError(
-                f"Job {job.public_id} saved no checkpoint to resume from; set "
-                "checkpoint_every when submitting.",
+                f"Job {job.public_id} saved no checkpoint to resume from: "
+                + _why_no_checkpoint(job),
                 field="checkpoint_id",
                 code="no_checkpoint",
             )
@@ -602,9 +602,28 @@ def resume_job(*, job: TrainingJob, checkpoint_id: str | None = None) -> Trainin
     return submit_job(workspace=job.workspace, submission=_again(job, checkpoint=checkpoint))
 
 
+def _why_no_checkpoint(job: TrainingJob) -> str:
+    """The end of `no_checkpoint`'s message: what to change, which depends on why."""
+    if not job.checkpoint_every:
+        return "set checkpoint_every when submitting."
+    step = f"step {job.last_step}" if job.last_step else "its first step"
+    if job.status == S.CANCELLED:
+        return (
+            f"it was cancelled at {step}, before its first checkpoint "
+            f"(every {job.checkpoint_every} steps). Submit it again."
+        )
+    if job.is_terminal:
+        return (
+            f"it ended at {step}, before its first checkpoint (every {job.checkpoint_every} "
+            "steps). Submit it again."
+        )
+    return f"it has not reached its first checkpoint (every {job.checkpoint_every} steps) yet."
+
+
 def resubmit_job(*, job: TrainingJob) -> TrainingJob:
-    """A new job with the same spec, from the start (a job that ended before saving anything)."""
-    return submit_job(workspace=job.workspace, submission=_again(job, checkpoint=None))
+    """A new job with the same spec, from where it started (a job that ended before saving
+    anything)."""
+    return submit_job(workspace=job.workspace, submission=submission_of(job))
 
 
 def submission_of(job: TrainingJob) -> Submission:

@@ -174,7 +174,13 @@ def show_quote(quote: dict) -> None:
 
 def cmd_datasets_upload(args, client) -> int:
     dataset = client.datasets.upload(args.file, name=args.name or "")
-    out.print(f"{dataset.id}  {dataset.row_count} rows  {dataset.name}")
+    if dataset.created:
+        out.print(f"{dataset.id}  {dataset.row_count} rows  {dataset.name}")
+    else:
+        out.print(
+            f"{dataset.id}  {dataset.row_count} rows  {dataset.name}  (reused: this workspace "
+            "already had these bytes)"
+        )
     return 0
 
 

@@ -12,13 +12,18 @@ broker, and a lost watchdog link is restarted by the minute schedule.
 
 django-q2 first runs its scheduler 30 s into the guard loop, so after every start the watchdog
 (which the minute schedule starts) was away for half a minute: a machine lost meanwhile was
-noticed that much later. The Sentinel now runs the scheduler once before its loop."""
+noticed that much later. The Sentinel now runs the scheduler once before its loop.
 
+It says what it does at INFO (VERI_CLUSTER_LOG_LEVEL): that it started, the schedules it runs,
+and (training.tasks) each job it launches or settles; django-q2's own lines stay at WARNING."""
+
+import logging
 import signal
 
 from django_q import cluster
 from django_q.conf import Conf
 from django_q.management.commands.qcluster import Command as DjangoQCommand
+from django_q.models import Schedule
 from django_q.scheduler import scheduler
 
 
@@ -41,7 +46,26 @@ class Sentinel(cluster.Sentinel):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+log = logging.getLogger(__name__)
+
+
 class Command(DjangoQCommand):
     def handle(self, *args, **options):
         cluster.Sentinel = Sentinel  # what Cluster.start forks as the guard process
-        return super().handle(*args, **options)
+        log.info(
+            "task cluster %r starting: %d workers, broker %s",
+            Conf.PREFIX,
+            Conf.WORKERS,
+            "redis" if Conf.REDIS else "the database",
+        )
+        for schedule in Schedule.objects.order_by("name"):
+            log.info("schedule %s: %s", schedule.name, _every(schedule))
+        return super().handle(*args, **options)  # returns once the cluster is up
+
+
+def _every(schedule: Schedule) -> str:
+    if schedule.schedule_type == Schedule.MINUTES:
+        return f"every {schedule.minutes} min"
+    if schedule.schedule_type == Schedule.CRON:
+        return f"cron {schedule.cron}"
+    return schedule.get_schedule_type_display().lower()
