@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from dashboard.templatetags.dashboard import dollars
 from providers.models import Instance
 from tests.browser.test_dashboard import EMAIL, screenshots_dir, sign_in
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
@@ -144,6 +145,9 @@ def test_a_restarted_job_shows_its_credit_in_the_api_the_cli_and_the_page(
     assert f"credit {lost} USD: {job.public_id} run 1: lost to worker_failed" in shown
     assert f"net cost {net} USD" in shown
 
+    # The dashboard writes every amount with four decimals.
+    net_micros = job.billing.cost_micros - run.lost_micros
+    lost, kept, net = (dollars(m) for m in (run.lost_micros, run.kept_micros, net_micros))
     page = browser_page
     page.set_viewport_size({"width": 1280, "height": 900})
     sign_in(page, live_server.url)
