@@ -7,6 +7,7 @@ import hmac
 import logging
 import secrets
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -157,7 +158,15 @@ def replica_spec(*, replica: Replica) -> dict:
     }
 
 
+# Where a replica may say it serves: the router sends workspace requests there, so a replica
+# (hostile, like anything a worker sends) must not point it elsewhere. Replicas run only on the
+# `local` provider (SERVING_PROVIDERS), on this machine's loopback.
+REPLICA_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
 def mark_ready(*, replica: Replica, url: str) -> Replica:
+    if urlsplit(url).hostname not in REPLICA_HOSTS:
+        raise VeriError("A replica serves on its own machine's loopback address.", field="url")
     with transaction.atomic():
         changed = Replica.objects.filter(pk=replica.pk, status=R.STARTING).update(
             status=R.READY, url=url, ready_at=timezone.now(), last_heartbeat_at=timezone.now()

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from serving.models import Deployment, Replica
 from serving.services import replicas, states
@@ -224,3 +225,22 @@ def test_an_unreachable_replica_is_failed_and_the_request_told_to_retry(api_clie
     # A new replica is on its way for the retry.
     assert Deployment.objects.get(pk=deployment.pk).status == "starting"
     assert deployment.replicas.filter(status="starting").count() == 1
+
+
+def test_a_replica_cannot_point_the_router_off_its_machine(deployment):
+    replica = deployment.replicas.get()
+    worker = APIClient()
+    worker.credentials(HTTP_AUTHORIZATION=f"Bearer {replicas.mint_token(replica=replica)}")
+    ready = f"/v1/worker/replicas/{replica.public_id}/ready"
+    for elsewhere in (
+        "http://169.254.169.254/latest",
+        "http://10.0.0.7:8000",
+        "http://example.com",
+    ):
+        answer = worker.post(ready, {"url": elsewhere}, format="json")
+        assert answer.status_code == 400 and answer.json()["error"]["field"] == "url"
+    replica.refresh_from_db()
+    assert replica.status == "starting" and not replica.url
+    assert worker.post(ready, {"url": "http://127.0.0.1:8123"}, format="json").status_code == 200
+    replica.refresh_from_db()
+    assert replica.status == "ready" and replica.url == "http://127.0.0.1:8123"
