@@ -131,6 +131,7 @@ class TrainingJob:
     refund: dict | None = None
     last_step: int | None = None
     metrics_summary: dict | None = None
+    timings: dict | None = None  # when the run entered each start-up phase (docs/api.md)
     data: dict = field(default_factory=dict, repr=False)
     _jobs: TrainingJobs | None = field(default=None, repr=False, compare=False)
 

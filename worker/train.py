@@ -448,6 +448,7 @@ def build_trainer(
     hp, lora, method = spec["hyperparameters"], spec["lora"], spec["method"]
     cuda = torch.cuda.is_available() and spec["gpu_type"] != "cpu"
     model, tokenizer, peft_config = load_model(spec, lora, cuda)
+    events.emit("loaded")  # the job's `timings`: model loaded
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     # batch_size is the global batch: across the devices, and accumulated to.
