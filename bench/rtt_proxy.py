@@ -92,6 +92,7 @@ def proxied(target_url: str, rtt_ms: float):
             str(port),
         ],
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # connections cut when it is stopped
     )
     try:
         deadline = time.monotonic() + 30
