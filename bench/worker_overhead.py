@@ -27,8 +27,6 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import httpx
-
 from bench.common import embedded_env, embedded_platform, free_port, new_workspace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,11 +134,12 @@ def run_plain(env: dict, model: Path, data: Path, out: Path, steps: int, warmup:
 
 
 class TrainingStartWatch(threading.Thread):
-    """Notes the start time of the first `worker.train` process that appears (the Veri side's
-    training process, started by the worker in its sandbox)."""
+    """Notes the start time of job `job_id`'s training process (`worker.train` on its job file,
+    which the local provider keeps in a folder named after the job), once it appears."""
 
-    def __init__(self):
+    def __init__(self, job_id: str):
         super().__init__(daemon=True)
+        self.job_id = job_id.encode()
         self.started: float | None = None
         self.done = threading.Event()
 
@@ -151,21 +150,19 @@ class TrainingStartWatch(threading.Thread):
                     continue
                 try:
                     argv = (entry / "cmdline").read_bytes().split(b"\0")
-                    if b"worker.train" in argv:
+                    if b"worker.train" in argv and self.job_id in argv[-2]:
                         self.started = process_start(int(entry.name))
                         return
                 except OSError:
                     continue
-            time.sleep(0.02)
+            time.sleep(0.05)
 
 
 def _when(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def run_veri(client, api_url: str, key: str, dataset_id: str, steps: int, warmup: int) -> dict:
-    watch = TrainingStartWatch()
-    watch.start()
+def run_veri(client, dataset_id: str, steps: int, warmup: int) -> dict:
     job = client.training_jobs.create(
         base_model="volume://models/tiny",
         dataset_id=dataset_id,
@@ -175,21 +172,14 @@ def run_veri(client, api_url: str, key: str, dataset_id: str, steps: int, warmup
         lora=LORA,
         hyperparameters={**HYPER, "max_steps": steps},
     )
+    watch = TrainingStartWatch(job.id)
+    watch.start()
     job = client.training_jobs.wait(job.id, poll_interval=0.5, stream=False)
     watch.done.set()
     if job.status != "completed":
         raise SystemExit(f"the Veri job ended {job.status}: {job.error}")
-    headers = {"Authorization": f"Bearer {key}"}
-    points = httpx.get(
-        f"{api_url}/v1/training_jobs/{job.id}/metrics",
-        params={"limit": 1000},
-        headers=headers,
-    ).json()["data"]
-    stamps = {p["step"]: _when(p["at"]) for p in points}
-    checkpoints = httpx.get(
-        f"{api_url}/v1/training_jobs/{job.id}/checkpoints", headers=headers
-    ).json()["data"]
-    [final] = [c for c in checkpoints if c["final"]]
+    stamps = {p["step"]: _when(p["at"]) for p in client.training_jobs.metrics(job.id)}
+    [final] = [c for c in client.training_jobs.checkpoints(job.id) if c["final"]]
     timings = job.data["timings"]
     phases = ["queued", "launched", "registered", "volumes_synced", "model_loaded", "first_step"]
     at = [_when(timings[f"{p}_at"]) for p in phases]
@@ -242,7 +232,7 @@ def main() -> None:
             # Turns, the plain script first each time: both see the machine alike.
             out = work / f"plain-{run}"
             plain_runs.append(run_plain(env, model, data, out, args.steps, args.warmup))
-            veri_runs.append(run_veri(client, api_url, key, dataset.id, args.steps, args.warmup))
+            veri_runs.append(run_veri(client, dataset.id, args.steps, args.warmup))
             p, v = plain_runs[-1], veri_runs[-1]
             print(
                 f"run {run + 1}: plain {p['wall']:6.2f} s {p['steps_per_second']:.3f} steps/s | "
