@@ -76,7 +76,7 @@ def of(job: TrainingJob) -> dict:
     bytes synced and their rate, and the seconds from queued to the first step."""
     stamps = job.timings
     at = {
-        "queued": stamps.get("queued_at") and _stamp(stamps["queued_at"]) or job.created_at,
+        "queued": _stamp(stamps.get("queued_at")) or job.created_at,
         "launched": job.provisioning_at,
         "registered": job.configuring_at,
         **{p: _stamp(stamps.get(f"{p}_at")) for p in (*WORKER_PHASES, "first_checkpoint")},
