@@ -604,4 +604,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Without the interpreter's teardown (freeing the model, libraries' exit hooks): it takes a
+    # second or more once the model is saved, and the runner uploads it when this process ends.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
