@@ -26,6 +26,7 @@ from training.services import datasets as dataset_services
 from training.services import jobs as job_services
 from training.services import logs as log_services
 from training.services import quotes as quote_services
+from training.services import timings as job_timings
 from veri.api import WorkspaceView, list_schema, paginate, query_int
 from veri.errors import NotFound, VeriError
 from veri.money import usd
@@ -104,6 +105,34 @@ class LedgerLineOut(serializers.Serializer):
     at = serializers.DateTimeField()
 
 
+class TimingsOut(serializers.Serializer):
+    queued_at = serializers.DateTimeField(help_text="submitted, or restarted, for this run")
+    launched_at = serializers.DateTimeField(
+        allow_null=True, help_text="the provider accepted the machine's launch"
+    )
+    registered_at = serializers.DateTimeField(
+        allow_null=True, help_text="the worker on the machine came up and registered"
+    )
+    volumes_synced_at = serializers.DateTimeField(
+        allow_null=True, help_text="the mounted volumes were synced (the worker's report)"
+    )
+    model_loaded_at = serializers.DateTimeField(
+        allow_null=True, help_text="the base model was loaded (the worker's report)"
+    )
+    first_step_at = serializers.DateTimeField(
+        allow_null=True, help_text="the first training step ended (the worker's report)"
+    )
+    first_checkpoint_at = serializers.DateTimeField(
+        allow_null=True, help_text="the run's first checkpoint (or final model) was saved"
+    )
+    synced_bytes = serializers.IntegerField(allow_null=True)
+    sync_seconds = serializers.FloatField(allow_null=True)
+    sync_bytes_per_second = serializers.FloatField(allow_null=True)
+    until_first_step_seconds = serializers.FloatField(
+        allow_null=True, help_text="from queued to the first step: the run's start-up"
+    )
+
+
 class JobOut(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id")
     dataset_id = serializers.CharField(source="dataset.public_id")
@@ -123,6 +152,7 @@ class JobOut(serializers.ModelSerializer):
     credited_usd = serializers.SerializerMethodField()
     net_cost_usd = serializers.SerializerMethodField()
     ledger = serializers.SerializerMethodField()
+    timings = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
@@ -158,6 +188,7 @@ class JobOut(serializers.ModelSerializer):
             "configuring_at",
             "started_at",
             "finished_at",
+            "timings",
             "error",
             "cost_usd",
             "cost_attributed_at",
@@ -239,6 +270,10 @@ class JobOut(serializers.ModelSerializer):
             }
             for e in self._money(job).entries
         ]
+
+    @extend_schema_field(TimingsOut)
+    def get_timings(self, job: TrainingJob) -> dict:
+        return TimingsOut(job_timings.of(job)).data
 
     @extend_schema_field(RefundOut(allow_null=True))
     def get_refund(self, job: TrainingJob) -> dict | None:

@@ -116,6 +116,10 @@ class TrainingJob(models.Model):
     # Where the current run's worker is (`training.errors.PHASES`), as its runner reported: a
     # platform fault is believed only from the phase whose check finds it.
     worker_phase = models.CharField(max_length=16, blank=True)
+    # When the current run entered the start-up phases only the worker sees, and its first
+    # checkpoint, on the control plane's clock (`training.services.timings`); never read for
+    # money or fault attribution.
+    timings = models.JSONField(default=dict, blank=True)
 
     last_step = models.PositiveIntegerField(null=True, blank=True)
     last_step_at = models.DateTimeField(null=True, blank=True)  # when last_step last went up

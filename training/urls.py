@@ -23,6 +23,7 @@ urlpatterns = [
     path("worker/jobs/<str:job_id>/status", worker_api.WorkerStatusView.as_view()),
     path("worker/jobs/<str:job_id>/heartbeat", worker_api.WorkerHeartbeatView.as_view()),
     path("worker/jobs/<str:job_id>/phase", worker_api.WorkerPhaseView.as_view()),
+    path("worker/jobs/<str:job_id>/timings", worker_api.WorkerTimingsView.as_view()),
     path("worker/jobs/<str:job_id>/notice", worker_api.WorkerNoticeView.as_view()),
     path("worker/jobs/<str:job_id>/token", worker_api.WorkerTokenView.as_view()),
     path("worker/jobs/<str:job_id>/logs", worker_api.WorkerLogsView.as_view()),

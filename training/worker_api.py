@@ -20,7 +20,7 @@ from rest_framework.response import Response
 
 from providers import worker_dist
 from training.models import MAX_SEQ, TrainingJob
-from training.services import jobs
+from training.services import jobs, timings
 from training.services import logs as log_services
 from training.services import worker as worker_services
 from veri.api import ValidatingView
@@ -230,6 +230,44 @@ class WorkerPhaseView(WorkerView):
     def post(self, request: Request, job_id: str) -> Response:
         phase = self.validated(self.WorkerPhaseIn, request.data)["phase"]
         return _ok(worker_services.enter_phase(job=self.job, phase=phase))
+
+
+class TimingAck(Ack):
+    recorded = serializers.BooleanField(
+        help_text="false when the report was ignored: the phase was already recorded, a later "
+        "one was, or the run is not registered or has ended"
+    )
+
+
+class WorkerTimingsView(WorkerView):
+    class WorkerTimingsIn(serializers.Serializer):
+        phase = serializers.ChoiceField(choices=timings.WORKER_PHASES)
+        synced_bytes = serializers.IntegerField(
+            required=False, default=0, min_value=0, max_value=2**63 - 1
+        )
+        sync_seconds = serializers.FloatField(
+            required=False, default=0.0, min_value=0, max_value=86_400 * 30
+        )
+
+    @extend_schema(
+        request=WorkerTimingsIn,
+        responses={200: TimingAck},
+        summary="The run entered a start-up phase only the worker sees",
+        description="Stamped with the control plane's clock on arrival; `synced_bytes` and "
+        "`sync_seconds` (with `volumes_synced`) are clamped to the job's volumes and to the "
+        "time since the worker registered. Shown in the job's `timings`, nothing else.",
+        examples=[
+            OpenApiExample(
+                "Volumes synced",
+                {"phase": "volumes_synced", "synced_bytes": 1048576, "sync_seconds": 0.8},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request, job_id: str) -> Response:
+        data = self.validated(self.WorkerTimingsIn, request.data)
+        recorded = timings.report(job=self.job, **data)
+        return _ok(self.job, recorded=recorded)
 
 
 class WorkerHeartbeatView(WorkerView):

@@ -139,6 +139,7 @@ class TrainingJob:
     restarts: list = field(default_factory=list)  # each restarted run's kept and lost compute
     last_step: int | None = None
     metrics_summary: dict | None = None
+    timings: dict | None = None  # when the run entered each start-up phase (docs/api.md)
     data: dict = field(default_factory=dict, repr=False)
     _jobs: TrainingJobs | None = field(default=None, repr=False, compare=False)
 

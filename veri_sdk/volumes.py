@@ -6,9 +6,11 @@ import base64
 import hashlib
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
+from itertools import pairwise
 from pathlib import Path
 
 from veri_sdk.errors import VeriAPIError
@@ -19,6 +21,9 @@ CHUNK = 1024 * 1024
 # previous completion overlap the transfers.
 BATCH = 200
 MAX_PARALLEL = 8
+SMALL_PARALLEL = 32  # small files: one request each, whose round trip is the limit
+FIRST_BATCH = 50
+BATCHES_AHEAD = 3  # batches signed and sending at once
 # From this size a file goes up on its own (hash, start, send, complete) as soon as it is hashed,
 # so hashing one large file overlaps sending another; smaller ones go in batch calls.
 LARGE_FILE = 8 * 1024**2
@@ -174,9 +179,11 @@ class Volumes:
         on_bytes: OnBytes | None = None,
         on_total: Callable[[int], None] | None = None,
         max_parallel: int = MAX_PARALLEL,
+        small_parallel: int = SMALL_PARALLEL,
     ) -> UploadDirResult:
-        """Upload a folder, up to `max_parallel` transfers at once, starting and completing files
-        in batch calls; files already stored with the same size and sha256 are skipped."""
+        """Upload a folder, up to `max_parallel` transfers of large files at once and
+        `small_parallel` of small ones, starting and completing files in batch calls; files
+        already stored with the same size and sha256 are skipped."""
         root = Path(local_dir)
         local_files = sorted(p for p in root.rglob("*") if p.is_file())
         by_path = {
@@ -205,15 +212,21 @@ class Volumes:
                     result.uploaded.append(path)
                     result.bytes_uploaded += file.size
         small = {path: p for path, p in by_path.items() if path not in large}
-        # API calls go through their own two threads, so the next batch's start and the previous
-        # batch's completion overlap each other and the transfers instead of waiting in line.
-        with ThreadPoolExecutor(max_parallel) as pool, ThreadPoolExecutor(2) as control:
+        # A small file is one PUT whose time is mostly its round trip to the store: many go at
+        # once. The first batch is small so transfers start while later ones are announced, and
+        # each batch's transfers and completion run in their own thread, so the next batch's
+        # PUTs queue behind the last ones instead of waiting for the slowest of them.
+        with (
+            ThreadPoolExecutor(max(max_parallel, small_parallel)) as pool,
+            ThreadPoolExecutor(BATCHES_AHEAD) as senders,
+        ):
             hashes = pool.map(sha256_file, small.values())
             announced = [
                 {"path": path, "size": local.stat().st_size, "sha256": digest}
                 for (path, local), digest in zip(small.items(), hashes, strict=True)
             ]
-            batches = [announced[i : i + BATCH] for i in range(0, len(announced), BATCH)]
+            cuts = [0, *range(FIRST_BATCH, len(announced), BATCH), len(announced)]
+            batches = [announced[a:b] for a, b in pairwise(cuts)]
 
             def start(batch: list[dict]) -> list[dict]:
                 body = {"files": batch}
@@ -221,37 +234,48 @@ class Volumes:
                     "data"
                 ]
 
-            def complete(completions: list[dict]) -> list[dict]:
+            def send(to_send: list[dict]) -> tuple[list[dict], list[dict], dict[str, str]]:
+                completions, send_failures = self._transfer(pool, to_send, by_path, on_bytes)
+                if not completions:
+                    return to_send, [], send_failures
                 body = {"uploads": completions}
-                return self.api.request("POST", f"/volumes/{volume}/uploads:complete", json=body)[
-                    "data"
-                ]
+                done = self.api.request("POST", f"/volumes/{volume}/uploads:complete", json=body)
+                return to_send, done["data"], send_failures
 
-            upcoming = control.submit(start, batches[0]) if batches else None
-            completing = []
-            for index in range(len(batches)):
-                answers = upcoming.result()
-                if index + 1 < len(batches):
-                    upcoming = control.submit(start, batches[index + 1])
+            sending: deque = deque()
+            for batch in filter(None, batches):
+                if len(sending) >= BATCHES_AHEAD:  # URLs signed long before use could expire
+                    sending[0].result()
+                answers = start(batch)
                 to_send = [a for a in answers if not a.get("skipped")]
                 result.skipped += [a["path"] for a in answers if a.get("skipped")]
                 if on_total:
                     on_total(sum(by_path[a["path"]].stat().st_size for a in to_send))
-                completions, send_failures = self._transfer(pool, to_send, by_path, on_bytes)
-                failures |= send_failures
-                if completions:
-                    paths = {a["upload_id"]: a["path"] for a in to_send}
-                    completing.append((control.submit(complete, completions), paths))
-            for finished, paths in completing:
-                for item in finished.result():
-                    if item["ok"]:
-                        result.uploaded.append(paths[item["upload_id"]])
-                        result.bytes_uploaded += item["file"]["size"]
-                    else:
-                        failures[paths[item["upload_id"]]] = item["error"]["message"]
+                sending.append(senders.submit(send, to_send))
+                while sending and sending[0].done():
+                    self._sent(sending.popleft().result(), result, failures)
+            while sending:
+                self._sent(sending.popleft().result(), result, failures)
         if failures:
             raise UploadFailed(failures)
         return result
+
+    @staticmethod
+    def _sent(
+        sent: tuple[list[dict], list[dict], dict[str, str]],
+        result: UploadDirResult,
+        failures: dict[str, str],
+    ) -> None:
+        """A batch's transfers and completion, added to `result` and `failures`."""
+        to_send, completed, send_failures = sent
+        failures |= send_failures
+        paths = {a["upload_id"]: a["path"] for a in to_send}
+        for item in completed:
+            if item["ok"]:
+                result.uploaded.append(paths[item["upload_id"]])
+                result.bytes_uploaded += item["file"]["size"]
+            else:
+                failures[paths[item["upload_id"]]] = item["error"]["message"]
 
     def _transfer(
         self,

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections import deque
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -194,8 +195,10 @@ class Shipper:
             self.seq += 1
 
     def metrics(self, step: int, values: dict) -> None:
+        # Stamped now: the step's own time, not the flush's (a second or more later).
+        at = datetime.now(UTC).isoformat()
         with self.lock:
-            self.points.append({"step": step, "values": values})
+            self.points.append({"step": step, "values": values, "at": at})
             self.step = max(self.step or 0, step)
 
     def samples(self, step: int, samples: list[dict]) -> None:

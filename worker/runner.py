@@ -131,7 +131,7 @@ def _last_json(output: str) -> dict | None:
     return None
 
 
-EVENT_KINDS = {"running", "step", "saving", "metrics", "samples", "checkpoint"}
+EVENT_KINDS = {"loaded", "running", "step", "saving", "metrics", "samples", "checkpoint"}
 END_KINDS = {"error", "finished", "stopped"}
 
 
@@ -149,7 +149,7 @@ def _parse_event(raw: str) -> dict:
         kind = event["event"]
         if kind not in EVENT_KINDS | END_KINDS:
             raise ValueError(f"kind {kind!r}")
-        if kind not in ("running", "error"):
+        if kind not in ("loaded", "running", "error"):
             event["step"] = _step(event.get("step", 0))
         if kind == "error":
             event["code"], event["message"] = str(event["code"]), str(event["message"])[:10_000]
@@ -210,7 +210,13 @@ class Runner:
             free = os.environ.get(
                 "VERI_WORKER_ASSUME_FREE_DISK_BYTES"
             )  # for nodes that misreport disk
+            syncing = time.monotonic()
             mounts = mount_volumes(self.api, self.mount_root, self.say, int(free) if free else None)
+            self.report_timing(
+                "volumes_synced",
+                synced_bytes=_bytes_under(set(mounts.values())),
+                sync_seconds=time.monotonic() - syncing,
+            )
             job = self.prepare(spec, mounts)
             self.wandb = WandbRun.start(
                 spec, key=secrets.get(WANDB_KEY), work=self.work, say=self.say
@@ -324,6 +330,14 @@ class Runner:
         """Tell the control plane which of the runner's phases the run is in: a platform fault is
         believed only from the runner's check of its own phase (see training.errors)."""
         self.api.call("POST", "/phase", json={"phase": phase})
+
+    def report_timing(self, phase: str, **figures) -> None:
+        """Tell the control plane when the run entered a start-up phase only the worker sees
+        (the job's `timings`); shown to the user, so a failure to say it is only logged."""
+        try:
+            self.api.call("POST", "/timings", json={"phase": phase, **figures}, attempts=3)
+        except ControlPlaneError as exc:
+            print(f"[veri] could not report the {phase} time: {exc}", flush=True)
 
     def prepare(self, spec: dict, mounts: dict) -> dict:
         """The child's job file: the spec with local paths for data, model and resume point."""
@@ -556,10 +570,14 @@ class Runner:
 
     def _on_event(self, event: dict, outcome: dict) -> None:
         kind = event["event"]
-        if kind == "running":
+        if kind == "loaded":
+            self.report_timing("model_loaded")
+        elif kind == "running":
             self._child_listens()
             self.api.call("POST", "/status", json={"status": "running"})
         elif kind == "step":
+            if self.last_step is None:
+                self.report_timing("first_step")
             self.shipper.set_step(event["step"])
             self.last_step = event["step"]
             self.step_times.append(time.monotonic())
@@ -680,6 +698,10 @@ class Runner:
         final = Path(job["final_dir"])
         (final / "training_args.bin").unlink(missing_ok=True)  # a pickle; not part of the model
         self.upload_checkpoint(("final",), job["final_step"], "final", final=True)
+
+
+def _bytes_under(folders: set[Path]) -> int:
+    return sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file())
 
 
 def registration() -> dict:

@@ -197,6 +197,20 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     page.goto(f"{live_server.url}/jobs/")
     page.screenshot(path=str(shots / "jobs-list.png"), full_page=True)
     page.goto(f"{live_server.url}/jobs/{job_id}/")
+    # The start-up bar: a segment per phase reached, in order, with its seconds.
+    segments = page.locator("[data-timings] [data-timing-segment]")
+    expect(segments).to_have_count(6)
+    assert [segments.nth(i).get_attribute("data-timing-segment") for i in range(6)] == [
+        "launched",
+        "registered",
+        "volumes_synced",
+        "model_loaded",
+        "first_step",
+        "first_checkpoint",
+    ]
+    assert sum(float(segments.nth(i).get_attribute("width")) for i in range(6)) >= 99
+    expect(page.locator("[data-timing=first_step]")).to_contain_text(" s")
+    expect(page.locator("[data-timings-total]")).to_contain_text(" s")
     page.click("[data-tab=checkpoints]")
     expect(page.locator("#checkpoints")).to_contain_text("final model")
     link = page.locator("#checkpoints a[download]", has_text="adapter_config.json").first

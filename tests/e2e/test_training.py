@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -489,6 +490,29 @@ def test_veri_train_and_veri_run_take_a_job_from_file_to_trained_model(
     [trained] = (tmp_path / "checkpoints").iterdir()
     assert (trained / "adapter_config.json").is_file()
     assert_reward_rises(api_client, trained.name, 30)
+    # Where its start-up went: every phase, in order, in the API and in `veri jobs get`.
+    job_id = trained.name
+    timings = api_client.get(f"/v1/training_jobs/{job_id}").json()["timings"]
+    phases = [
+        "queued",
+        "launched",
+        "registered",
+        "volumes_synced",
+        "model_loaded",
+        "first_step",
+        "first_checkpoint",
+    ]
+    assert None not in [timings[f"{phase}_at"] for phase in phases], timings
+    stamps = [datetime.fromisoformat(timings[f"{phase}_at"]) for phase in phases]
+    assert stamps == sorted(stamps), timings
+    assert timings["synced_bytes"] > 0 and timings["sync_bytes_per_second"] > 0
+    assert main(["jobs", "get", job_id]) == 0
+    shown = capsys.readouterr().out
+    [line] = [x.strip() for x in shown.splitlines() if x.strip().startswith("start-up")]
+    labels = ["queued", "launched +", "worker registered +", "volumes synced +"]
+    labels += ["model loaded +", "first step +", "first checkpoint +"]
+    places = [line.find(label) for label in labels]
+    assert -1 not in places and places == sorted(places), line
 
     assert main(["run", str(REPO / "configs" / "grpo.toml")]) == 0
     out = capsys.readouterr().out

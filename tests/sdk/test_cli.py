@@ -34,7 +34,7 @@ def test_upload_dir_twice_uploads_nothing_the_second_time(
     cli, capsys, tmp_path, settings, local_store_url
 ):
     settings.VERI_STORE = local_store_url
-    files = make_tree(tmp_path / "corpus")
+    files = make_tree(tmp_path / "corpus", count=300)  # started and completed in three batches
     assert cli("volumes", "create", "corpus", capsys=capsys)[0] == 0
     code, out, err = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
     assert code == 0, err

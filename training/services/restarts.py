@@ -20,7 +20,7 @@ from training.models import (
     MetricPoint,
     TrainingJob,
 )
-from training.services import jobs
+from training.services import jobs, timings
 from veri.queue import enqueue_on_commit
 
 S = JobStatus
@@ -95,6 +95,7 @@ def _restart(job: TrainingJob, instance: Instance, *, code: str, message: str) -
     job.launch_claimed_at = job.launch_heartbeat_at = None
     job.provisioning_at = job.configuring_at = job.last_heartbeat_at = job.last_step_at = None
     job.worker_phase = ""  # the next run starts over
+    timings.new_run(job)
     job.save()
     JobEvent.objects.create(
         job=job,

@@ -25,7 +25,7 @@ from training.models import (
     Sample,
     TrainingJob,
 )
-from training.services import alarms, integrations, jobs, logs, restarts, stops
+from training.services import alarms, integrations, jobs, logs, restarts, stops, timings
 from training.services.jobs import InvalidTransition, machine_obtained, transition_job
 from training.services.records import insert_new
 from veri.errors import Conflict, VeriError
@@ -321,6 +321,7 @@ def register_checkpoint(
             },
         )
         if created:
+            timings.checkpoint_saved(job=job)
             JobEvent.objects.create(
                 job=job,
                 type="checkpoint_saved",
