@@ -15,6 +15,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from billing.services import open_billing_account
 from tests.billing.test_ledger import failed_after_an_hour
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
+from tests.conftest import fill_volume
 from tests.dashboard.conftest import PASSWORD, member_of
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real cluster
 from tests.e2e.test_training import GRPO_ROWS, TINY, platform  # noqa: F401
@@ -256,7 +257,7 @@ def test_failed_job_volume_delete_and_another_workspaces_pages(
     tasks, and objects of a second workspace."""
     member_of(workspace, EMAIL)
     failed = failed_after_an_hour(submit, "provider_reclaimed")
-    volume, _ = create_volume(workspace=workspace, name="corpus")
+    volume = fill_volume(workspace, "corpus", {"notes.txt": b"n" * 3072})
     other, _ = services.create_workspace(name="other")
     open_billing_account(workspace=other, credit_micros=1)
     theirs, _ = create_volume(workspace=other, name="theirs")
@@ -276,6 +277,8 @@ def test_failed_job_volume_delete_and_another_workspaces_pages(
     page.screenshot(path=str(screenshots_dir(tmp_path) / "failed-job-phone.png"), full_page=True)
 
     page.goto(f"{live_server.url}/volumes/{volume.public_id}/")
+    # The one snapshot (written when the upload completed) is the legend's until hovered.
+    expect(page.locator("[data-usage-chart] .u-legend")).to_contain_text("3.0 KiB")
     assert_fits_the_screen(page)
     page.fill("#id_confirm", "Corpus")
     page.click("button:has-text('Delete this volume')")

@@ -290,13 +290,21 @@ function setupUsage(figure) {
   const empty = document.querySelector("[data-usage-empty]");
   if (!points.length) { figure.hidden = true; empty.hidden = false; return; }
   const hour = 3600;
+  const hours = points.map((p) => p.hour);
+  const [first, last] = [Math.min(...hours), Math.max(...hours)];
+  const latest = (u, v, index, idx) => (idx == null ? u.data[index][u.data[index].length - 1] : v);
   const opts = {
     width: Math.max(figure.clientWidth, 200),
     height: 200,
-    // One snapshot alone would stretch the time axis over years: show the day around it.
-    scales: { x: { time: true, range: (u, min, max) => (max - min < hour ? [min - 12 * hour, max + 12 * hour] : [min, max]) } },
-    series: [{}, { label: "bytes", stroke: COLORS[0], fill: "rgba(9,105,218,.08)", width: 1.5 }],
-    axes: [{}, { size: 70, values: (u, ticks) => ticks.map(formatBytes) }],
+    // A fixed range: uPlot's own for one snapshot alone stretches the time axis over years;
+    // show the day around it instead.
+    scales: { x: { time: true, auto: false, range: last - first < hour ? [first - 12 * hour, last + 12 * hour] : [first, last] } },
+    // The legend shows the latest snapshot until the cursor points at another.
+    series: [
+      { label: "hour", value: (u, v, index, idx) => new Date(latest(u, v, index, idx) * 1000).toLocaleString() },
+      { label: "bytes", stroke: COLORS[0], fill: "rgba(9,105,218,.08)", width: 1.5, value: (u, v, index, idx) => formatBytes(latest(u, v, index, idx)) },
+    ],
+    axes: [{}, { size: 90, values: (u, ticks) => ticks.map(formatBytes) }],
   };
   const plot = new uPlot(opts, [points.map((p) => p.hour), points.map((p) => p.bytes)], figure);
   figure.dataset.points = String(points.length);
