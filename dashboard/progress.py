@@ -158,7 +158,11 @@ def job_progress(
         percent = 100 if job.status == JobStatus.COMPLETED else min(100, step * 100 // total)
     elapsed = None
     if job.started_at:
-        elapsed = ((job.finished_at or now) - job.started_at).total_seconds()
+        # Since its first run started: a restart (auto-resume) starts `started_at` over.
+        first = min(
+            (a.launched_at for a in job.attempts.all() if a.launched_at), default=job.started_at
+        )
+        elapsed = ((job.finished_at or now) - min(first, job.started_at)).total_seconds()
     eta = None
     if job.status == JobStatus.RUNNING and total:
         if recent is None:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from billing.services import open_billing_account
 from tests.training.conftest import drive, job_body, upload_dataset
-from training.models import MetricPoint
+from training.models import JobAttempt, MetricPoint
 from training.services.worker import record_metrics
 from veri.models import Workspace
 
@@ -100,3 +100,25 @@ def test_compare_sets_two_runs_side_by_side_and_marks_what_differs(
     ).json()["id"]
     assert browser.get(f"/jobs/compare/?ids={a.public_id},{theirs}").status_code == 404
     assert browser.get(f"/jobs/compare/?ids={theirs}").status_code == 404
+
+
+def test_a_restarted_jobs_elapsed_time_counts_from_its_first_run(browser, submit):
+    job = drive(submit(hyperparameters={"max_steps": 60}), "provisioning", "configuring", "running")
+    now = timezone.now()
+    # Its first run started ten minutes ago and a platform fault ended it; this run began now.
+    JobAttempt.objects.create(
+        job=job,
+        number=1,
+        cause="worker_failed",
+        provider="local",
+        gpu_type="cpu",
+        gpu_count=1,
+        price_per_hour_micros=0,
+        launched_at=now - timedelta(minutes=10),
+        ended_at=now - timedelta(minutes=1),
+    )
+    job.started_at = now
+    job.save(update_fields=["started_at"])
+    progress = browser.get(f"/jobs/{job.public_id}/status.json").json()["progress"]
+    assert 600 <= progress["elapsed_seconds"] < 700
+    assert progress["elapsed_text"].startswith("10m")
