@@ -25,7 +25,6 @@ from training.services import jobs as job_services
 from training.services import logs as log_services
 from training.services import quotes as quote_services
 from veri.errors import VeriError
-from veri.money import cents_half_up, usd
 
 PAGE = 25
 LOG_LINES = 1000
@@ -173,6 +172,8 @@ def job_quote(request):
             return JsonResponse({"error": message})
         field = form.fields.get(name)
         label = (field.label or name.replace("_", " ").capitalize()) if field else ""
+        if label and errors.as_data()[0].code == "required":  # a form not filled in yet: a hint
+            return JsonResponse({"error": f"Fill in {label.lower()} to see a quote."})
         return JsonResponse({"error": f"{label}: {errors[0]}" if label else errors[0]})
     try:
         quote = quote_services.quote_job(
@@ -184,25 +185,19 @@ def job_quote(request):
     return JsonResponse({"quote": _quote_text(quote)})
 
 
-def _cents(micros: int) -> str:
-    """An estimate to the cent (below one: "under 0.01")."""
-    cents = cents_half_up(micros)
-    return usd(cents * 10_000) if cents else "under 0.01"
-
-
 def _quote_text(quote: dict) -> str:
     cost, seconds = quote["cost_micros"], quote["gpu_seconds"]
     minutes = max(1, round(seconds["expected"] / 60))
     text = (
-        f"{_cents(cost['low'])} to {_cents(cost['high'])} USD, expected "
-        f"{_cents(cost['expected'])} USD: "
+        f"{dollars(cost['low'])} to {dollars(cost['high'])} USD, expected "
+        f"{dollars(cost['expected'])} USD: "
         f"about {minutes} min on {quote['gpu_count']}x {quote['gpu_type']} "
         f"({quote['provider']}, {quote['region']}) at "
-        f"{usd(quote['price_per_hour_micros'])} USD/hour, "
+        f"{dollars(quote['price_per_hour_micros'])} USD/hour, "
         f"{quote['assumptions']['steps']} steps."
     )
     if quote["max_cost_micros"]:
-        text += f" Capped at {usd(quote['max_cost_micros'])} USD."
+        text += f" Capped at {dollars(quote['max_cost_micros'])} USD."
     return text
 
 

@@ -41,7 +41,7 @@ def test_defaults_a_live_quote_and_values_kept_after_an_error(
     page.select_option("#id_method", "grpo")
 
     quote = page.locator("#quote")
-    expect(quote).to_contain_text("Base model: This field is required.")
+    expect(quote).to_have_text("Fill in base model to see a quote.")
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(row) + "\n" for row in GRPO_ROWS))
     reward = tmp_path / "mine.py"

@@ -51,12 +51,15 @@ def test_the_quote_follows_the_gpu_count(browser, dataset, cloud):
     one = browser.post("/jobs/new/quote.json", fields).json()
     two = browser.post("/jobs/new/quote.json", {**fields, "gpu_count": "2"}).json()
     assert "1x L4-24GB (aws, us-east-1)" in one["quote"], one
-    assert re.match(r"\d+\.\d\d to \d+\.\d\d USD, expected \d+\.\d\d USD", one["quote"])
+    # Amounts as the dashboard writes them everywhere: four decimals.
+    assert re.match(r"\d+\.\d{4} to \d+\.\d{4} USD, expected \d+\.\d{4} USD", one["quote"])
     assert "2x L4-24GB" in two["quote"], two
     price = re.compile(r"at ([\d.]+) USD/hour")
     assert float(price.search(two["quote"])[1]) == 2 * float(price.search(one["quote"])[1])
     missing = browser.post("/jobs/new/quote.json", {**fields, "dataset": ""}).json()
     assert "Pick a dataset" in missing["error"]
+    fresh = browser.post("/jobs/new/quote.json", {**fields, "base_model": ""}).json()
+    assert fresh["error"] == "Fill in base model to see a quote."
     bad = browser.post("/jobs/new/quote.json", {**fields, "learning_rate": "7"}).json()
     assert "learning_rate" in bad["error"] and bad["field"] == "learning_rate"
     assert not TrainingJob.objects.exists()

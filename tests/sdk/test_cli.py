@@ -54,6 +54,10 @@ def test_upload_dir_twice_uploads_nothing_the_second_time(
     code, out, _ = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
     assert "Uploaded 1 file(s)" in out and f"skipped {len(files) - 1}" in out
 
+    (tmp_path / "empty").mkdir()
+    code, out, err = cli("volumes", "upload-dir", "corpus", str(tmp_path / "empty"), capsys=capsys)
+    assert code == 0 and f"Nothing to upload: {tmp_path / 'empty'} holds no files." in out
+
     code, out, _ = cli("volumes", "ls", "corpus", "--prefix", "nested/", capsys=capsys)
     assert "nested/deeper/notes.txt" in out and "part-00" not in out
     code, out, _ = cli("volumes", "list", capsys=capsys)

@@ -436,6 +436,10 @@ def test_veri_train_submits_a_decorated_reward_and_detaches(cli, capsys, account
     )
     assert "@training_job" in job.reward_source  # the whole module is the reward source
     assert job.created_at <= timezone.now()
+    assert f"Uploaded {tmp_path / 'train.jsonl'} as {job.dataset.public_id}" in out
+    # Submitted again: the same bytes are the same dataset, and the command says so.
+    code, out, _ = cli("train", str(job_file), "--detach", capsys=capsys)
+    assert code == 0 and f"Using {job.dataset.public_id} (" in out and "the same bytes as" in out
 
 
 def test_a_validation_dataset_from_the_sdk_and_from_a_job_file(cli, capsys, account, tmp_path):

@@ -176,7 +176,10 @@ def resolve_dataset(client, dataset: str) -> str:
     if not Path(dataset).is_file():
         raise BadConfig(f"dataset {dataset} is not a file, a ds_ id, volume:// or hf://.")
     uploaded = client.datasets.upload(dataset)
-    out.print(f"Uploaded {dataset} as {uploaded.id} ({uploaded.row_count} rows).")
+    if uploaded.created:
+        out.print(f"Uploaded {dataset} as {uploaded.id} ({uploaded.row_count} rows).")
+    else:
+        out.print(f"Using {uploaded.id} ({uploaded.row_count} rows): the same bytes as {dataset}.")
     return uploaded.id
 
 

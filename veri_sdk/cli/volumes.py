@@ -108,7 +108,9 @@ def cmd_volumes_upload_dir(args, client) -> int:
     finally:
         if total[0]:  # started; stopping one never started would still print a blank line
             progress.stop()
-    if not result.uploaded:
+    if not result.uploaded and not result.skipped:
+        out.print(f"Nothing to upload: {args.dir} holds no files.")
+    elif not result.uploaded:
         out.print(
             f"Nothing to upload: all {len(result.skipped)} file(s) are already in {args.name}."
         )
