@@ -217,12 +217,17 @@ def _parameters(job) -> list[tuple[str, object, bool]]:
         ("dataset", job.dataset.public_id, True),
         ("output name", job.output_name or "—", False),
         ("checkpoint every", job.checkpoint_every or "—", False),
+        ("auto-resume", _auto_resume(job), False),
         ("budget cap", money(job.max_cost_micros) if job.max_cost_micros else "—", False),
     ]
     if job.resume_from_id:
         checkpoint = job.resume_from
         rows.append(("resumed from", f"{checkpoint.public_id} (step {checkpoint.step})", True))
     return rows
+
+
+def _auto_resume(job) -> str:
+    return f"on, up to {job.max_restarts} restarts" if job.auto_resume else "off"
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ def config_rows(jobs: list[TrainingJob]) -> list[dict]:
         ("validation dataset", lambda j: j.validation_dataset and j.validation_dataset.public_id),
         ("GPU", lambda j: f"{j.gpu_count}x {j.gpu_type} on {j.provider}"),
         ("checkpoint every", lambda j: j.checkpoint_every),
+        ("auto-resume", lambda j: j.auto_resume),
+        ("max restarts", lambda j: j.max_restarts),
         ("resumed from", lambda j: j.resume_from_id and j.resume_from.public_id),
     ]
     rows = [(name, [_text(read(j)) for j in jobs]) for name, read in fixed]

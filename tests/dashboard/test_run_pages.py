@@ -74,7 +74,7 @@ def test_compare_sets_two_runs_side_by_side_and_marks_what_differs(
     browser, submit, other_api_client
 ):
     a = submit(hyperparameters={"max_steps": 5, "learning_rate": 1e-5})
-    b = submit(hyperparameters={"max_steps": 5, "learning_rate": 2e-5})
+    b = submit(hyperparameters={"max_steps": 5, "learning_rate": 2e-5}, max_restarts=2)
     response = browser.get(f"/jobs/compare/?ids={a.public_id},{b.public_id}")
     assert response.status_code == 200
     rows = {row["name"]: row for row in response.context["rows"]}
@@ -84,6 +84,10 @@ def test_compare_sets_two_runs_side_by_side_and_marks_what_differs(
         (b.public_id, "2e-05"),
     ]
     assert not rows["method"]["differs"] and not rows["hyperparameters.max_steps"]["differs"]
+    assert rows["max restarts"]["cells"] == [(a.public_id, "3"), (b.public_id, "2")]
+    assert rows["max restarts"]["differs"] and not rows["auto-resume"]["differs"]
+    page = browser.get(f"/jobs/{b.public_id}/").content.decode()
+    assert "on, up to 2 restarts" in page
     runs = [run["id"] for run in response.context["runs"]]
     assert runs == [a.public_id, b.public_id]
     # The jobs list's ticked boxes send ids=a&ids=b: the same page.
