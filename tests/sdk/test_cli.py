@@ -2,7 +2,9 @@
 
 import json
 import os
+import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -288,3 +290,15 @@ def test_billing_top_up_prints_the_checkout_page(cli, capsys, stripe_api):
     billing.open_billing_account(workspace=cli.workspace)
     code, out, _ = cli("billing", "top-up", "25", capsys=capsys)
     assert code == 0 and "https://checkout.stripe.test/pay/" in out
+
+
+def test_transfer_bars_give_their_rate_in_binary_units_as_sizes_are():
+    from veri_sdk.cli.output import transfer_progress
+
+    progress = transfer_progress()  # not started: the columns render without a terminal
+    task = progress.add_task("corpus", total=8 * 2**20)
+    progress.advance(task, 2**20)
+    time.sleep(0.2)
+    progress.advance(task, 2**20)
+    shown = " ".join(str(column.render(progress.tasks[task])) for column in progress.columns[2:4])
+    assert re.fullmatch(r"2\.0/8\.0 MiB \d+\.\d (KiB|MiB|GiB)/s", shown), shown
