@@ -184,6 +184,7 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     legend = page.locator("[data-reward-functions] .u-legend")
     expect(legend).to_contain_text("share_of_a")
     expect(legend).to_contain_text("short")
+    expect(legend).not_to_contain_text("--")  # the newest values until the cursor is over it
 
     # The job ends; the page says so without a reload and the checkpoints can be fetched.
     expect(page.locator(".actions [data-status]")).to_have_text("completed", timeout=240_000)

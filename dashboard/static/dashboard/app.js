@@ -45,14 +45,26 @@ function poll(tick, ms) {
   return () => { stopped = true; };
 }
 
+// A legend value: the point under the cursor, or the newest one while the cursor is away (not
+// uPlot's "--").
+function legendValue(format) {
+  return (u, v, index, idx) => {
+    if (idx != null) return v == null ? "--" : format(v);
+    const column = u.data[index];
+    for (let i = column.length - 1; i >= 0; i -= 1) if (column[i] != null) return format(column[i]);
+    return "--";
+  };
+}
+
 function chart(figure, names, width) {
+  const number = legendValue((v) => Number(v.toPrecision(4)).toString());
   const opts = {
     width: Math.max(width, 200),
     height: 220,
     scales: { x: { time: false } },
     legend: { live: true },
-    series: [{ label: "step" }].concat(
-      names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))
+    series: [{ label: "step", value: legendValue(String) }].concat(
+      names.map((name, i) => ({ label: name, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: number }))
     ),
     axes: [{ label: "step" }, { size: 60 }],
   };
@@ -292,7 +304,6 @@ function setupUsage(figure) {
   const hour = 3600;
   const hours = points.map((p) => p.hour);
   const [first, last] = [Math.min(...hours), Math.max(...hours)];
-  const latest = (u, v, index, idx) => (idx == null ? u.data[index][u.data[index].length - 1] : v);
   const opts = {
     width: Math.max(figure.clientWidth, 200),
     height: 200,
@@ -301,8 +312,8 @@ function setupUsage(figure) {
     scales: { x: { time: true, auto: false, range: last - first < hour ? [first - 12 * hour, last + 12 * hour] : [first, last] } },
     // The legend shows the latest snapshot until the cursor points at another.
     series: [
-      { label: "hour", value: (u, v, index, idx) => new Date(latest(u, v, index, idx) * 1000).toLocaleString() },
-      { label: "bytes", stroke: COLORS[0], fill: "rgba(9,105,218,.08)", width: 1.5, value: (u, v, index, idx) => formatBytes(latest(u, v, index, idx)) },
+      { label: "hour", value: legendValue((v) => new Date(v * 1000).toLocaleString()) },
+      { label: "bytes", stroke: COLORS[0], fill: "rgba(9,105,218,.08)", width: 1.5, value: legendValue(formatBytes) },
     ],
     axes: [{}, { size: 90, values: (u, ticks) => ticks.map(formatBytes) }],
   };
