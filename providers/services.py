@@ -76,6 +76,18 @@ def reserve_instance(*, job, zone: str, gpu: GpuType, queued_ahead: Callable[[],
         )
 
 
+def machine_states(ids_by_provider: dict[str, list[str]]) -> dict[str, str]:
+    """Each machine's state as its provider reports it (`ProviderAdapter.states`). A provider
+    whose poll fails is left out: one failed poll is no evidence, the next run asks again."""
+    found: dict[str, str] = {}
+    for provider, ids in ids_by_provider.items():
+        try:
+            found |= get_adapter(provider).states(ids)
+        except Exception:  # noqa: BLE001 - any failure of the provider's API
+            log.warning("could not poll %s for %d machine(s)", provider, len(ids), exc_info=True)
+    return found
+
+
 def available_regions(name: str, gpu_type: str) -> list[str] | None:
     """Where the provider says `gpu_type` can launch now, asked at most once per the adapter's
     `availability_ttl_seconds`; None when it does not say (also when it cannot be reached: the

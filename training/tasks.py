@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from providers.services import get_adapter
+from providers.services import machine_states
 from training.models import JobStatus, TrainingJob, WatchdogState
 from training.services import jobs, logs, provisioning, restarts, stops, watchdog
 
@@ -56,12 +56,7 @@ def check_jobs(*, now: datetime | None = None) -> dict[str, int]:
         instance = getattr(job, "instance", None)
         if instance and instance.external_id and instance.terminated_at is None:
             instances_by_provider[instance.provider].append(instance.external_id)
-    states = {}
-    for provider, ids in instances_by_provider.items():
-        try:
-            states |= get_adapter(provider).states(ids)
-        except Exception:  # noqa: BLE001 - one failed poll is no evidence; the next tick asks
-            log.warning("could not poll %s for %d instance(s)", provider, len(ids), exc_info=True)
+    states = machine_states(instances_by_provider)
     watched_since = WatchdogState.objects.values_list("resumed_at", flat=True).first()
     failed: dict[str, int] = defaultdict(int)
     still_active = []

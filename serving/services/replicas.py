@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from providers import catalog
 from providers.base import LaunchSpec, ProviderError
-from providers.services import get_adapter
+from providers.services import get_adapter, machine_states
 from serving import hooks
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus, Replica, ReplicaStatus
 from serving.services import states
@@ -339,12 +339,7 @@ def check_health(*, now: datetime) -> int:
     by_provider: dict[str, list[str]] = {}
     for replica in live:
         by_provider.setdefault(replica.provider, []).append(replica.external_id)
-    found = {}
-    for provider, ids in by_provider.items():
-        try:
-            found |= get_adapter(provider).states(ids)
-        except Exception:  # noqa: BLE001 - one failed poll is no evidence; the next run asks
-            log.warning("could not poll %s for %d replica(s)", provider, len(ids), exc_info=True)
+    found = machine_states(by_provider)
     start_limit = timedelta(seconds=settings.VERI_REPLICA_START_TIMEOUT_SECONDS)
     silent_limit = timedelta(seconds=settings.VERI_REPLICA_SILENT_SECONDS)
     for replica in live:
