@@ -111,6 +111,7 @@ class Command(BaseCommand):
             "  .venv/bin/veri billing\n"
             f"  open http://127.0.0.1:8000/ and sign in as {DEMO_OWNER} (password above)\n"
             "  .venv/bin/python manage.py createsuperuser   # then open http://127.0.0.1:8000/admin/\n"
+            "  # (unattended: --noinput with DJANGO_SUPERUSER_PASSWORD, docs/operators/admin.md)\n"
         )
 
     def train(self, api_url: str, api_key: str, steps: int, checkpoints: Path) -> None:
