@@ -4,6 +4,7 @@ Python reader of its own), parsed with wandb's own protobuf `Record`."""
 
 import json
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def records(path: Path) -> list:
             at += left_in_block
             continue
         checksum, length, kind = struct.unpack("<IHB", data[at : at + HEADER])
+        if at + HEADER + length > len(data):  # a chunk still being written: read up to it
+            break
         chunk = data[at + HEADER : at + HEADER + length]
         at += HEADER + length
         if kind == 0 and length == 0:
@@ -37,9 +40,15 @@ def records(path: Path) -> list:
     return found
 
 
-def offline_run(work: Path) -> Path:
-    """The one offline run's `.wandb` file under a job's work folder."""
+def offline_run(work: Path, timeout: float = 30) -> Path:
+    """The one offline run's `.wandb` file under a job's work folder, once W&B has written its
+    end: `run.finish` returns when W&B's own service took the last records, which writes them to
+    the file a moment later."""
     [path] = work.glob("wandb/wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + timeout
+    while not any(r.WhichOneof("record_type") == "exit" for r in records(path)):
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
+        time.sleep(0.2)
     return path
 
 

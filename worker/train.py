@@ -8,6 +8,7 @@ descriptor in VERI_EVENTS_FD; its stdout and stderr are the job's log. Any failu
 
 import faulthandler
 import json
+import logging
 import math
 import os
 import re
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 from worker import formats
@@ -567,7 +569,17 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "training_error", text
 
 
+def quiet_library_notices() -> None:
+    """The libraries' notices meant for their callers (TRL using transformers' renamed APIs;
+    transformers telling a local disk's checkpoint times apart) are Veri's to act on, not the
+    customer's: they stay out of the job's log. Their errors and the customer's own warnings do
+    not."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|trl|peft)\.")
+    logging.getLogger("transformers.trainer_utils").setLevel(logging.ERROR)
+
+
 def main() -> int:
+    quiet_library_notices()
     signal.signal(signal.SIGUSR1, lambda *_: STOP_ASKED.set())
     signal.signal(signal.SIGUSR2, lambda *_: SAVE_ASKED.set())
     # A stalled multi-GPU training is ended with SIGQUIT: each rank's stack goes to its log.

@@ -191,7 +191,6 @@ def test_a_running_grpo_job_updates_live_in_every_tab(
     expect(page.locator("[data-live]")).to_have_text("finished", timeout=10_000)
     expect(page.locator("[data-checkpoint-count]")).not_to_have_text("0")
     expect(page.locator("[data-cost]")).to_contain_text("USD", timeout=30_000)
-    page.screenshot(path=str(shots / "samples-tab.png"))
     page.click("[data-tab=logs]")
     page.screenshot(path=str(shots / "logs-tab.png"), full_page=True)
     page.click("[data-tab=metrics]")

@@ -204,6 +204,8 @@ def test_grpo_learns_a_rewarded_character_and_hands_back_a_loadable_adapter(
     assert len(progress) == 40 and progress[-1].startswith("step 40/40  loss "), progress[-3:]
     assert " reward " in progress[0] and " s/step" in progress[0] and " eta " in progress[0]
     assert "{'loss'" not in full and "'reward'" not in full
+    # Libraries' notices to their callers are not the customer's to read.
+    assert "FutureWarning" not in full and "mtime may not be reliable" not in full
     folder = download_final(api_client, job_id, tmp_path / "ckpt")
     assert (folder / "tokenizer.json").exists()
     config = json.loads((folder / "adapter_config.json").read_text())
