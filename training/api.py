@@ -215,8 +215,7 @@ class JobOut(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_cost_usd(self, job: TrainingJob) -> str | None:
-        cost = self._money(job).cost_micros
-        return None if cost is None else usd(cost)
+        return _usd_or_none(self._money(job).cost_micros)
 
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_cost_attributed_at(self, job: TrainingJob) -> str | None:
@@ -228,7 +227,7 @@ class JobOut(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_max_cost_usd(self, job: TrainingJob) -> str | None:
-        return None if job.max_cost_micros is None else usd(job.max_cost_micros)
+        return _usd_or_none(job.max_cost_micros)
 
     @extend_schema_field(RestartOut(many=True))
     def get_restarts(self, job: TrainingJob) -> list[dict]:
@@ -573,7 +572,7 @@ class QuoteView(WorkspaceView):
             | {
                 "price_per_hour_usd": usd(price),
                 "cost_usd": {k: usd(v) for k, v in costs.items()},
-                "max_cost_usd": None if cap is None else usd(cap),
+                "max_cost_usd": _usd_or_none(cap),
             }
         )
 
