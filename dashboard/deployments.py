@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
+from dashboard import progress
 from dashboard.jobs import _job, _timeline
 from dashboard.workspaces import or_404, workspace_view
 from openai_api import objects as openai_objects
@@ -69,11 +70,12 @@ def deployment_list(request):
 
 
 def _replicas(deployment: Deployment, now) -> list[dict]:
+    """The newest replicas, each with how long it served (from ready to stopped, or now)."""
     rows = []
     for replica in deployment.replicas.order_by("-pk")[:20]:
         end = replica.stopped_at or now
-        up = int((end - replica.ready_at).total_seconds()) if replica.ready_at else None
-        rows.append({"replica": replica, "uptime_seconds": up})
+        up = (end - replica.ready_at).total_seconds() if replica.ready_at else None
+        rows.append({"replica": replica, "uptime": progress.duration(up)})
     return rows
 
 
