@@ -1,7 +1,8 @@
 """The playground in Chromium against a live server, a real qcluster and the local provider: a
 real fine-tune of the tiny model, deployed with its job page's Deploy button, and its base chat
 side by side; both panes stream (their text grows chunk by chunk) and each ends with exactly what
-the API answers for its model at temperature 0. Scaled to zero, the deployment says "starting…"
+the API answers for its model at temperature 0; the pages fit a phone; Delete asks, then stops
+the serving process. Scaled to zero, the deployment says "starting…"
 and then answers; a model not deployed is said so in its pane. Writes deployment.png and
 playground.png (VERI_SCREENSHOTS_DIR keeps them: docs/screenshots)."""
 
@@ -11,9 +12,10 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from providers.local import LocalProvider
 from serving.models import Deployment
 from serving.services import replicas
-from tests.browser.test_dashboard import EMAIL, screenshots_dir, sign_in
+from tests.browser.test_dashboard import EMAIL, assert_fits_the_screen, screenshots_dir, sign_in
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
 from tests.dashboard.conftest import member_of
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real cluster
@@ -41,6 +43,14 @@ WATCH = """() => {
 }"""
 
 
+@pytest.fixture
+def replicas_stopped():
+    """No serving process outlives the test (it would heartbeat to a server going away)."""
+    yield
+    for deployment in Deployment.objects.all():
+        replicas.stop_replicas(deployment=deployment, reason="deleted")
+
+
 def answer(page, pane: str):
     return page.locator(f"[data-pane={pane}] [data-role=assistant]").last
 
@@ -58,6 +68,7 @@ def test_the_playground_streams_a_fine_tune_and_its_base_side_by_side(
     browser_page,  # noqa: F811
     tmp_path,
     settings,
+    replicas_stopped,
 ):
     platform()
     member_of(workspace, EMAIL)
@@ -126,3 +137,18 @@ def test_the_playground_streams_a_fine_tune_and_its_base_side_by_side(
     expect(answer(page, "baseline")).to_contain_text("not deployed in this workspace")
     expect(answer(page, "model")).to_have_attribute("data-done", "", timeout=120_000)
     assert page.locator("[data-pane=model] [data-role=user]").count() == 2
+
+    # The pages fit a phone.
+    page.set_viewport_size({"width": 375, "height": 800})
+    for path in ("/deployments/", f"/deployments/{deployment.public_id}/", "/playground/"):
+        page.goto(f"{live_server.url}{path}")
+        assert_fits_the_screen(page)
+
+    # Deleted from its page, after a confirmation: its serving process is gone.
+    [replica] = deployment.replicas.filter(status="ready")
+    page.goto(f"{live_server.url}/deployments/{deployment.public_id}/")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("text=Delete this deployment")
+    expect(page.locator("h1")).to_have_text("Deployments")
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+    assert not LocalProvider().states([replica.external_id])[replica.external_id].alive
