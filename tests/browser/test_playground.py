@@ -1,10 +1,10 @@
 """The playground in Chromium against a live server, a real qcluster and the local provider: a
 real fine-tune of the tiny model, deployed with its job page's Deploy button, and its base chat
 side by side; both panes stream (their text grows chunk by chunk) and each ends with exactly what
-the API answers for its model at temperature 0; the pages fit a phone; Delete asks, then stops
-the serving process. Scaled to zero, the deployment says "starting…"
-and then answers; a model not deployed is said so in its pane. Writes deployment.png and
-playground.png (VERI_SCREENSHOTS_DIR keeps them: docs/screenshots)."""
+the API answers for its model at temperature 0. Scaled to zero, the deployment says "starting…"
+and then answers; a model not deployed is said so in its pane; the pages fit a phone; Delete
+asks, then stops the serving process. Writes deployment.png and playground.png
+(VERI_SCREENSHOTS_DIR keeps them: docs/screenshots)."""
 
 from datetime import timedelta
 
