@@ -48,9 +48,10 @@ def _deployment(request, deployment_id: str) -> Deployment:
 
 def _cost_micros(deployment: Deployment, charged: dict[str, int], now) -> int:
     """Its replicas' charged uptime (the ledger's) and what the ready ones ran up since."""
-    return sum(
-        charged.get(r.public_id, 0) for r in deployment.replicas.all()
-    ) + selectors.uncharged_micros(deployment=deployment, now=now)
+    replicas = list(deployment.replicas.all())  # prefetched on the list page
+    return sum(charged.get(r.public_id, 0) for r in replicas) + selectors.uncharged_micros(
+        replicas=replicas, now=now
+    )
 
 
 @workspace_view

@@ -1,5 +1,6 @@
 """Reads of deployments, workspace-scoped."""
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from django.db.models import QuerySet
@@ -42,14 +43,15 @@ def ready_replica(*, deployment: Deployment) -> Replica | None:
     )
 
 
-def uncharged_micros(*, deployment: Deployment, now: datetime) -> int:
-    """What its ready replicas' uptime has come to since each was last charged (the ledger has
-    the rest): a running deployment's cost so far is both."""
+def uncharged_micros(*, replicas: Iterable[Replica], now: datetime) -> int:
+    """What the ready ones of a deployment's `replicas` have run up since each was last charged
+    (the ledger has the rest): a running deployment's cost so far is both."""
     return sum(
         compute_micros(
             price_per_hour_micros=r.price_per_hour_micros,
             start=r.charged_until or r.ready_at,
             end=now,
         )
-        for r in deployment.replicas.filter(status=ReplicaStatus.READY, ready_at__isnull=False)
+        for r in replicas
+        if r.status == ReplicaStatus.READY and r.ready_at
     )

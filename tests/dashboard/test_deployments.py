@@ -6,6 +6,7 @@ errors as JSON, a cold model told to retry, a ready one streamed through)."""
 
 import html
 import json
+import re
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,6 +188,13 @@ def test_spend_shows_on_the_billing_page_and_the_deployments(browser, deployment
     replica = deployment.replicas.get()
     replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
     Replica.objects.filter(pk=replica.pk).update(ready_at=timezone.now() - timedelta(hours=2))
+    replica.refresh_from_db()
+    # Running, nothing charged yet: its cost so far is its uptime at its price.
+    page = text(browser.get(f"/deployments/{deployment.public_id}/"))
+    shown = float(re.search(r"<p data-cost>([0-9.]+) USD</p>", page)[1])
+    assert shown == pytest.approx(2 * replica.price_per_hour_micros / 1e6, abs=2e-4)
+    assert not LedgerEntry.objects.filter(kind="deployment_charge").exists()
+
     replicas.stop_replicas(deployment=deployment, reason="idle")
     [charge] = LedgerEntry.objects.filter(workspace=billed, kind="deployment_charge")
     spent = money(-charge.amount_micros)
