@@ -27,9 +27,11 @@ from serving.services import deployments as services
 from serving.services import inference
 from training import errors
 from training.models import JobStatus, TrainingJob
-from veri.errors import VeriError
+from veri.errors import ServiceUnavailable, VeriError
 
 ADAPTER_FILE = "adapter_config.json"  # a checkpoint with it is a LoRA adapter a replica loads
+# What a playground pane sends on to the model (it always streams); the replica validates them.
+PLAYGROUND_FIELDS = ("messages", "temperature", "max_tokens")
 
 
 class SettingsForm(forms.Form):
@@ -165,10 +167,10 @@ def job_deploy(request, job_id: str):
     try:
         if name is None:
             raise VeriError(f"{job.public_id} has no trained adapter to deploy.")
-        serving = selectors.serving(workspace=request.workspace, model=name)
-        if serving is not None and serving.status != DeploymentStatus.FAILED:
+        existing = selectors.serving(workspace=request.workspace, model=name)
+        if existing is not None and existing.status != DeploymentStatus.FAILED:
             messages.info(request, f"{name} is already deployed here.")
-            return redirect("dashboard:deployment", deployment_id=serving.public_id)
+            return redirect("dashboard:deployment", deployment_id=existing.public_id)
         deployment = services.create_deployment(
             workspace=request.workspace, base_model=None, adapters=[name], shape=services.Shape()
         )
@@ -204,16 +206,11 @@ def playground(request):
     return render(request, "dashboard/playground.html", context)
 
 
-PLAYGROUND_FIELDS = ("messages", "temperature", "max_tokens")
-
-
 def _error(exc: VeriError) -> JsonResponse:
-    response = JsonResponse(
-        {"error": {"code": exc.code, "message": exc.message}}, status=exc.status
-    )
-    if retry := getattr(exc, "retry_after_seconds", None):
-        response["Retry-After"] = str(retry)
-    return response
+    """In the API's shape: the pane shows the message, and retries `model_starting`."""
+    if isinstance(exc, ServiceUnavailable):
+        return exc.as_response()  # with Retry-After
+    return JsonResponse(exc.as_body(), status=exc.status)
 
 
 @require_POST
