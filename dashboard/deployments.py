@@ -117,6 +117,12 @@ def deployment_detail(request, deployment_id: str):
     return _deployment_page(request, deployment, form)
 
 
+@workspace_view
+def deployment_status(request, deployment_id: str):
+    """The deployment's status: its page reloads when it changes from a passing one."""
+    return JsonResponse({"status": _deployment(request, deployment_id).status})
+
+
 @require_POST
 @workspace_view
 def deployment_settings(request, deployment_id: str):

@@ -27,6 +27,11 @@ urlpatterns = [
     path("deployments/", deployments.deployment_list, name="deployments"),
     path("deployments/<str:deployment_id>/", deployments.deployment_detail, name="deployment"),
     path(
+        "deployments/<str:deployment_id>/status.json",
+        deployments.deployment_status,
+        name="deployment_status",
+    ),
+    path(
         "deployments/<str:deployment_id>/settings/",
         deployments.deployment_settings,
         name="deployment_settings",

@@ -92,7 +92,7 @@ def test_the_playground_streams_a_fine_tune_and_its_base_side_by_side(
         for pane, name in zip(PANES, (model, TINY), strict=True)
     }
     assert expected["model"] != expected["baseline"]  # the adapter changes the greedy answer
-    page.reload()
+    # Its page follows it to ready without a reload.
     expect(page.locator("[data-status]").first).to_have_text("ready")
     page.screenshot(path=str(screenshots_dir(tmp_path) / "deployment.png"), full_page=True)
 

@@ -65,6 +65,8 @@ def test_the_list_and_a_deployments_page_show_its_state(browser, deployment):
     assert 'value="60"' in page  # the idle timeout, in the settings form
     assert "/playground/?model=Qwen%2FQwen2.5-0.5B" in page
     assert "Deployments</a>" in text(browser.get("/jobs/"))  # in the navigation
+    status = browser.get(f"/deployments/{deployment.public_id}/status.json")
+    assert status.json() == {"status": "starting"}  # what its page polls while it starts
 
 
 def test_a_failed_deployment_shows_the_catalogs_error(browser, deployment):
@@ -106,6 +108,7 @@ def test_another_workspaces_deployment_and_models_are_not_found(browser, deploym
     assert others.public_id not in text(browser.get("/deployments/"))
     base = f"/deployments/{others.public_id}/"
     assert browser.get(base).status_code == 404
+    assert browser.get(f"{base}status.json").status_code == 404
     assert browser.post(f"{base}settings/", {"min_replicas": 1}).status_code == 404
     assert browser.post(f"{base}delete/").status_code == 404
     assert Deployment.objects.filter(pk=others.pk).exists()
