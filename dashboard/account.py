@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from billing import services as billing
+from billing.models import LedgerEntry
 from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, SecretForm, TopUpForm
@@ -42,6 +43,7 @@ def billing_page(request):
     page = Paginator(ledger, 50).get_page(request.GET.get("page"))
     for entry in page:
         entry.amount_usd = dollars(entry.amount_micros)
+    spend = billing_selectors.spend_micros(workspace=request.workspace)
     return render(
         request,
         "dashboard/billing.html",
@@ -57,6 +59,11 @@ def billing_page(request):
             "payments_enabled": payments_enabled(),
             "form": form,
             "page": page,
+            "spend": [
+                ("Training", spend[LedgerEntry.Kind.JOB_CHARGE]),
+                ("Deployments", spend[LedgerEntry.Kind.DEPLOYMENT_CHARGE]),
+                ("Storage", spend[LedgerEntry.Kind.STORAGE_CHARGE]),
+            ],
         },
     )
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import account, jobs, runs, storage, webhooks
+from dashboard import account, deployments, jobs, runs, storage, webhooks
 
 app_name = "dashboard"
 
@@ -23,6 +23,26 @@ urlpatterns = [
     ),
     path("jobs/<str:job_id>/cancel/", jobs.job_cancel, name="job_cancel"),
     path("jobs/<str:job_id>/resume/", jobs.job_resume, name="job_resume"),
+    path("jobs/<str:job_id>/deploy/", deployments.job_deploy, name="job_deploy"),
+    path("deployments/", deployments.deployment_list, name="deployments"),
+    path("deployments/<str:deployment_id>/", deployments.deployment_detail, name="deployment"),
+    path(
+        "deployments/<str:deployment_id>/status.json",
+        deployments.deployment_status,
+        name="deployment_status",
+    ),
+    path(
+        "deployments/<str:deployment_id>/settings/",
+        deployments.deployment_settings,
+        name="deployment_settings",
+    ),
+    path(
+        "deployments/<str:deployment_id>/delete/",
+        deployments.deployment_delete,
+        name="deployment_delete",
+    ),
+    path("playground/", deployments.playground, name="playground"),
+    path("playground/chat/", deployments.playground_chat, name="playground_chat"),
     path("volumes/", storage.volume_list, name="volumes"),
     path("volumes/<str:volume_id>/", storage.volume_detail, name="volume"),
     path("volumes/<str:volume_id>/delete/", storage.volume_delete, name="volume_delete"),

@@ -1,10 +1,14 @@
 """Reads of deployments, workspace-scoped."""
 
+from collections.abc import Iterable
+from datetime import datetime
+
 from django.db.models import QuerySet
 
 from serving.models import Deployment, DeploymentEvent, DeploymentStatus, Replica, ReplicaStatus
 from veri.errors import NotFound
 from veri.models import Workspace
+from veri.money import compute_micros
 
 
 def list_deployments(*, workspace: Workspace) -> QuerySet[Deployment]:
@@ -36,4 +40,18 @@ def ready_replica(*, deployment: Deployment) -> Replica | None:
         .exclude(url="")
         .order_by("?")  # spread requests over the ready replicas
         .first()
+    )
+
+
+def uncharged_micros(*, replicas: Iterable[Replica], now: datetime) -> int:
+    """What the ready ones of a deployment's `replicas` have run up since each was last charged
+    (the ledger has the rest): a running deployment's cost so far is both."""
+    return sum(
+        compute_micros(
+            price_per_hour_micros=r.price_per_hour_micros,
+            start=r.charged_until or r.ready_at,
+            end=now,
+        )
+        for r in replicas
+        if r.status == ReplicaStatus.READY and r.ready_at
     )

@@ -77,9 +77,25 @@ def wait_deployment(api_client, deployment_id: str, status: str, timeout: float 
     raise AssertionError(f"{deployment_id} not {status} after {timeout} s: {deployment} {events}")
 
 
-def ask(client: openai.OpenAI, model: str, **kwargs):
+def fine_tune(client: openai.OpenAI):
+    """The tiny model fine-tuned on ROWS through the OpenAI-compatible API (its job succeeded):
+    the live platform's setup for serving tests (tests/browser/test_playground.py too)."""
+    training = client.files.create(file=("f.jsonl", jsonl(ROWS)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model=TINY,
+        training_file=training.id,
+        seed=3,
+        method=SUPERVISED,
+        extra_body={"veri": FAST},
+    )
+    job = wait_for_status(client, job.id, {"succeeded", "failed", "cancelled"})
+    assert job.status == "succeeded", job.error
+    return job
+
+
+def ask(client: openai.OpenAI, model: str, tokens: int = TOKENS, **kwargs):
     return client.chat.completions.create(
-        model=model, messages=QUESTION, temperature=0, max_tokens=TOKENS, **kwargs
+        model=model, messages=QUESTION, temperature=0, max_tokens=tokens, **kwargs
     )
 
 
@@ -94,16 +110,7 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
 ):
     platform()
     client = openai_client(live_server, api_client.raw_key)
-    training = client.files.create(file=("f.jsonl", jsonl(ROWS)), purpose="fine-tune")
-    job = client.fine_tuning.jobs.create(
-        model=TINY,
-        training_file=training.id,
-        seed=3,
-        method=SUPERVISED,
-        extra_body={"veri": FAST},
-    )
-    job = wait_for_status(client, job.id, {"succeeded", "failed", "cancelled"})
-    assert job.status == "succeeded", job.error
+    job = fine_tune(client)
     model = job.fine_tuned_model
 
     created = api_client.post(

@@ -1,0 +1,242 @@
+"""Dashboard pages of deployments (the list, a deployment's page with its settings, replicas,
+events and cost, Delete), the job page's Deploy button, and the playground: two models side by
+side, each answer streamed from a replica through serving's router, signed in by the session.
+Reads go through the workspace's selectors (another workspace's deployment is 404); changes
+through serving's services."""
+
+import json
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import messages
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from billing import selectors as billing_selectors
+from dashboard import progress
+from dashboard.jobs import _job, _timeline
+from dashboard.workspaces import or_404, workspace_view
+from openai_api import objects as openai_objects
+from openai_api import selectors as openai_selectors
+from serving import selectors
+from serving.models import Deployment, DeploymentStatus, ReplicaStatus
+from serving.services import deployments as services
+from serving.services import inference
+from training import errors
+from training.models import JobStatus, TrainingJob
+from veri.errors import ServiceUnavailable, VeriError
+
+ADAPTER_FILE = "adapter_config.json"  # a checkpoint with it is a LoRA adapter a replica loads
+# What a playground pane sends on to the model (it always streams); the replica validates them.
+PLAYGROUND_FIELDS = ("messages", "temperature", "max_tokens")
+
+
+class SettingsForm(forms.Form):
+    min_replicas = forms.IntegerField(min_value=0, max_value=services.MAX_REPLICAS)
+    max_replicas = forms.IntegerField(min_value=1, max_value=services.MAX_REPLICAS)
+    idle_timeout_seconds = forms.IntegerField(
+        label="Idle timeout (seconds)", min_value=10, max_value=7 * 86400
+    )
+
+
+def _deployment(request, deployment_id: str) -> Deployment:
+    return or_404(
+        selectors.get_deployment, workspace=request.workspace, deployment_id=deployment_id
+    )
+
+
+def _cost_micros(deployment: Deployment, charged: dict[str, int], now) -> int:
+    """Its replicas' charged uptime (the ledger's) and what the ready ones ran up since."""
+    replicas = list(deployment.replicas.all())  # prefetched on the list page
+    return sum(charged.get(r.public_id, 0) for r in replicas) + selectors.uncharged_micros(
+        replicas=replicas, now=now
+    )
+
+
+@workspace_view
+def deployment_list(request):
+    deployments = list(
+        selectors.list_deployments(workspace=request.workspace).prefetch_related("replicas")
+    )
+    charged = billing_selectors.replica_charges_micros(workspace=request.workspace)
+    now = timezone.now()
+    for deployment in deployments:
+        deployment.cost_micros = _cost_micros(deployment, charged, now)
+        deployment.live_replicas = sum(
+            r.status in (ReplicaStatus.STARTING, ReplicaStatus.READY)
+            for r in deployment.replicas.all()
+        )
+    return render(request, "dashboard/deployments.html", {"deployments": deployments})
+
+
+def _replicas(deployment: Deployment, now) -> list[dict]:
+    """The newest replicas, each with how long it served (from ready to stopped, or now)."""
+    rows = []
+    for replica in deployment.replicas.order_by("-pk")[:20]:
+        end = replica.stopped_at or now
+        up = (end - replica.ready_at).total_seconds() if replica.ready_at else None
+        rows.append({"replica": replica, "uptime": progress.duration(up)})
+    return rows
+
+
+def _deployment_page(request, deployment: Deployment, form: SettingsForm, status: int = 200):
+    now = timezone.now()
+    charged = billing_selectors.replica_charges_micros(workspace=request.workspace)
+    context = {
+        "deployment": deployment,
+        "catalog_error": errors.CATALOG.get(deployment.error_code),
+        "replicas": _replicas(deployment, now),
+        "timeline": _timeline(selectors.list_events(deployment=deployment)),
+        "cost_micros": _cost_micros(deployment, charged, now),
+        "form": form,
+        "playground": _playground_url(deployment),
+    }
+    return render(request, "dashboard/deployment.html", context, status=status)
+
+
+def _playground_url(deployment: Deployment) -> str:
+    """The playground with the deployment's first adapter beside its base (or the base alone)."""
+    model = deployment.adapters[0]["name"] if deployment.adapters else deployment.base_model
+    query = {"model": model, "baseline": deployment.base_model}
+    return f"{reverse('dashboard:playground')}?{urlencode(query)}"
+
+
+@workspace_view
+def deployment_detail(request, deployment_id: str):
+    deployment = _deployment(request, deployment_id)
+    form = SettingsForm(
+        initial={
+            "min_replicas": deployment.min_replicas,
+            "max_replicas": deployment.max_replicas,
+            "idle_timeout_seconds": deployment.idle_timeout_seconds,
+        }
+    )
+    return _deployment_page(request, deployment, form)
+
+
+@workspace_view
+def deployment_status(request, deployment_id: str):
+    """The deployment's status: its page reloads when it changes from a passing one."""
+    return JsonResponse({"status": _deployment(request, deployment_id).status})
+
+
+@require_POST
+@workspace_view
+def deployment_settings(request, deployment_id: str):
+    deployment = _deployment(request, deployment_id)
+    form = SettingsForm(request.POST)
+    if form.is_valid():
+        try:
+            services.update_deployment(
+                deployment=deployment, adapters=None, changes=form.cleaned_data
+            )
+        except VeriError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"Saved the settings of {deployment.public_id}.")
+            return redirect("dashboard:deployment", deployment_id=deployment.public_id)
+    return _deployment_page(request, deployment, form, status=400)
+
+
+@require_POST
+@workspace_view
+def deployment_delete(request, deployment_id: str):
+    deployment = _deployment(request, deployment_id)
+    services.delete_deployment(deployment=deployment)
+    messages.success(request, f"Deleted deployment {deployment_id}; its replicas are stopped.")
+    return redirect("dashboard:deployments")
+
+
+def deployable_name(job: TrainingJob) -> str | None:
+    """The name a succeeded job's adapter is deployed under: its `ft:` model when the job came
+    through the OpenAI-compatible API (what its clients call), else its final checkpoint's id;
+    None when the job left no adapter to serve."""
+    if job.status != JobStatus.COMPLETED:
+        return None
+    final = job.checkpoints.filter(final=True).first()
+    if final is None or all(f["path"] != ADAPTER_FILE for f in final.files):
+        return None
+    ft = openai_selectors.succeeded_jobs(workspace=job.workspace).filter(job=job).first()
+    return openai_objects.fine_tuned_model(ft) if ft else final.public_id
+
+
+@require_POST
+@workspace_view
+def job_deploy(request, job_id: str):
+    """Deploy the job's adapter on the defaults (scale to zero when idle), or go to the
+    deployment already serving it."""
+    job = _job(request, job_id)
+    name = deployable_name(job)
+    try:
+        if name is None:
+            raise VeriError(f"{job.public_id} has no trained adapter to deploy.")
+        existing = selectors.serving(workspace=request.workspace, model=name)
+        if existing is not None and existing.status != DeploymentStatus.FAILED:
+            messages.info(request, f"{name} is already deployed here.")
+            return redirect("dashboard:deployment", deployment_id=existing.public_id)
+        deployment = services.create_deployment(
+            workspace=request.workspace, base_model=None, adapters=[name], shape=services.Shape()
+        )
+    except VeriError as exc:
+        context = {
+            "title": "Not deployed",
+            "message": exc.message,
+            "back": reverse("dashboard:job", args=[job.public_id]),
+        }
+        return render(request, "dashboard/message.html", context, status=400)
+    messages.success(request, f"Deploying {name}: its first replica is starting.")
+    return redirect("dashboard:deployment", deployment_id=deployment.public_id)
+
+
+@workspace_view
+def playground(request):
+    """Two panes, `?model=` and `?baseline=`, each chatting with its model (any name this
+    workspace's deployments serve)."""
+    served = sorted(
+        {
+            name
+            for d in selectors.list_deployments(workspace=request.workspace)
+            if d.status != DeploymentStatus.FAILED
+            for name in d.served_names()
+        }
+    )
+    model = request.GET.get("model", served[0] if served else "")[:500]
+    panes = [
+        ("model", model, "Model"),
+        ("baseline", request.GET.get("baseline", "")[:500], "Compared with"),
+    ]
+    context = {"served": served, "panes": panes}
+    return render(request, "dashboard/playground.html", context)
+
+
+def _error(exc: VeriError) -> JsonResponse:
+    """In the API's shape: the pane shows the message, and retries `model_starting`."""
+    if isinstance(exc, ServiceUnavailable):
+        return exc.as_response()  # with Retry-After
+    return JsonResponse(exc.as_body(), status=exc.status)
+
+
+@require_POST
+@workspace_view
+def playground_chat(request) -> HttpResponse:
+    """A chat completion streamed from a replica of `model` (server-sent events, as the API
+    streams them): the playground's panes call this with the session, no API key. A cold model
+    answers 503 `model_starting` (the router wakes it); the page retries."""
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        body = None
+    try:
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            raise VeriError("The body is a JSON object with a model's name.", field="model")
+        replica = inference.route(workspace=request.workspace, model=body["model"])
+        asked = {k: body[k] for k in PLAYGROUND_FIELDS if k in body}
+        payload = {"model": body["model"], **asked, "stream": True}
+        return inference.forward(
+            replica=replica, path="/v1/chat/completions", body=json.dumps(payload).encode()
+        )
+    except VeriError as exc:
+        return _error(exc)
