@@ -2,7 +2,16 @@
 
 from django.db.models import QuerySet
 
-from serving.models import Deployment, DeploymentEvent, DeploymentStatus, Replica, ReplicaStatus
+from serving.models import (
+    Deployment,
+    DeploymentEvent,
+    DeploymentStatus,
+    Evaluation,
+    EvaluationSample,
+    Replica,
+    ReplicaStatus,
+)
+from training.models import Dataset
 from veri.errors import NotFound
 from veri.models import Workspace
 
@@ -37,3 +46,31 @@ def ready_replica(*, deployment: Deployment) -> Replica | None:
         .order_by("?")  # spread requests over the ready replicas
         .first()
     )
+
+
+def list_evaluations(*, workspace: Workspace) -> QuerySet[Evaluation]:
+    return Evaluation.objects.filter(workspace=workspace).order_by("-pk")
+
+
+def get_evaluation(*, workspace: Workspace, evaluation_id: str) -> Evaluation:
+    evaluation = list_evaluations(workspace=workspace).filter(public_id=evaluation_id).first()
+    if evaluation is None:
+        raise NotFound(f"No evaluation {evaluation_id[:60]!r} in this workspace.")
+    return evaluation
+
+
+def list_evaluation_samples(*, evaluation: Evaluation) -> QuerySet[EvaluationSample]:
+    return evaluation.samples.order_by("index")
+
+
+def evaluation_dataset(*, workspace: Workspace, file: str) -> Dataset:
+    """The dataset a file names: a dataset id, or an OpenAI `fine-tune` file's id (a dataset
+    underneath; read through the relation, as serving sits below the OpenAI app)."""
+    by = {"openai_files__public_id": file} if file.startswith("file-") else {"public_id": file}
+    dataset = Dataset.objects.filter(workspace=workspace, **by).first()
+    if dataset is None:
+        raise NotFound(
+            f"No dataset or fine-tune file {file[:60]!r} in this workspace.",
+            field="file",
+        )
+    return dataset

@@ -4,7 +4,7 @@ Each is idempotent and safe to run twice or concurrently."""
 
 from django.utils import timezone
 
-from serving.services import replicas
+from serving.services import evaluations, replicas
 
 
 def launch_replica(*, replica_id: int) -> str:
@@ -18,3 +18,7 @@ def watch_deployments() -> dict[str, int]:
         "scaled_down": replicas.scale_idle(now=now),
         "charged": replicas.charge_running(now=now),
     }
+
+
+def run_evaluation(*, evaluation_id: int) -> str:
+    return evaluations.run_evaluation(evaluation_id=evaluation_id)
