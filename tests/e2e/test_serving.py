@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 import httpx
 import openai
@@ -83,15 +84,18 @@ def ask(client: openai.OpenAI, model: str, **kwargs):
     )
 
 
-def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes(
-    platform,  # noqa: F811
-    live_server,
-    api_client,
-    other_api_client,
-    tiny_model,
-    tmp_path,
-    settings,
-):
+@dataclass(frozen=True)
+class Deployed:
+    client: openai.OpenAI  # the official client, with the test workspace's key
+    model: str  # the fine-tune's `ft:` name; its base (TINY) is served by the same deployment
+    job_id: str  # the Veri training job behind it
+    deployment: dict  # as POST /v1/deployments answered
+
+
+@pytest.fixture
+def deployed_fine_tune(platform, live_server, api_client) -> Deployed:  # noqa: F811
+    """The embedded default, live, with a fine-tune of the tiny model trained through the
+    official `openai` client and deployed on the local provider, ready to answer."""
     platform()
     client = openai_client(live_server, api_client.raw_key)
     training = client.files.create(file=("f.jsonl", jsonl(ROWS)), purpose="fine-tune")
@@ -104,18 +108,32 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     )
     job = wait_for_status(client, job.id, {"succeeded", "failed", "cancelled"})
     assert job.status == "succeeded", job.error
-    model = job.fine_tuned_model
 
     created = api_client.post(
-        "/v1/deployments", {"adapters": [model], "idle_timeout_seconds": 600}, format="json"
+        "/v1/deployments",
+        {"adapters": [job.fine_tuned_model], "idle_timeout_seconds": 600},
+        format="json",
     )
     assert created.status_code == 201, created.json()
     deployment = created.json()
     assert deployment["base_model"] == TINY and deployment["status"] == "starting"
     wait_deployment(api_client, deployment["id"], "ready")
+    return Deployed(client, job.fine_tuned_model, job.model_extra["veri_job_id"], deployment)
 
+
+def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes(
+    deployed_fine_tune,
+    live_server,
+    api_client,
+    other_api_client,
+    tiny_model,
+    tmp_path,
+    settings,
+):
+    client, model = deployed_fine_tune.client, deployed_fine_tune.model
+    deployment = deployed_fine_tune.deployment
     base_text, adapter_text = peft_greedy(
-        tiny_model, download_final(api_client, job.model_extra["veri_job_id"], tmp_path / "ft")
+        tiny_model, download_final(api_client, deployed_fine_tune.job_id, tmp_path / "ft")
     )
     assert base_text != adapter_text  # the adapter changes the greedy answer
     answer = ask(client, model)

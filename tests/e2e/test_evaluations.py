@@ -1,0 +1,173 @@
+"""Compare on a file: a deployed fine-tune of the tiny model and its base answer every row of a
+held-out file through the inference router, a grader scores each answer in its sandboxed child,
+and every score equals the grader called directly on that (row, output): against a live server,
+a real task cluster and the local provider; the same through `veri eval`."""
+
+import json
+import math
+import time
+
+import pytest
+
+from serving import tasks
+from serving.models import Evaluation, EvaluationSample, EvaluationStatus
+from tests.conftest import assert_error
+from tests.e2e.test_serving import TOKENS, deployed_fine_tune, platform  # noqa: F401 - fixtures
+from tests.openai_api.conftest import jsonl
+from veri_sdk.cli import main
+from worker import graders
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+REFERENCE = "plum plum plum is a fruit."
+QUESTIONS = ["Name a fruit.", "What is red?", "Say a word.", "What grows on trees?"]
+ROWS = [
+    {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": REFERENCE},
+        ]
+    }
+    for question in QUESTIONS
+]
+# Half the reference's words said, half how close the whole answer is: a python grader (customer
+# code, run in the sandboxed child) and a text metric, combined.
+WORDS = """
+def grade(sample, item):
+    said = sample["output_text"].split()
+    wanted = item["reference"].split()
+    return sum(word in said for word in wanted) / len(wanted)
+"""
+GRADER = {
+    "type": "multi",
+    "name": "close_to_reference",
+    "graders": {
+        "words": {"type": "python", "name": "words", "source": WORDS},
+        "fuzzy": {
+            "type": "text_similarity",
+            "name": "fuzzy",
+            "input": "{{ sample.output_text }}",
+            "reference": "{{ item.reference }}",
+            "evaluation_metric": "fuzzy_match",
+        },
+    },
+    "calculate_output": "0.5 * words + 0.5 * fuzzy",
+}
+
+
+def wait_evaluation(api_client, evaluation_id: str, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        evaluation = api_client.get(f"/v1/evaluations/{evaluation_id}", {"limit": 200}).json()
+        if evaluation["status"] in ("succeeded", "failed"):
+            return evaluation
+        time.sleep(1)
+    raise AssertionError(f"{evaluation_id} still {evaluation['status']} after {timeout} s")
+
+
+def interval(scores: list[float]) -> tuple[float, float, float]:
+    n, mean = len(scores), sum(scores) / len(scores)
+    half = 1.959963984540054 * math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1) / n)
+    return mean, mean - half, mean + half
+
+
+def test_every_score_is_the_graders_own_and_the_summary_follows(
+    deployed_fine_tune,  # noqa: F811
+    live_server,
+    api_client,
+    other_api_client,
+    monkeypatch,
+    capsys,
+    tmp_path,
+):
+    client, model = deployed_fine_tune.client, deployed_fine_tune.model
+    base = deployed_fine_tune.deployment["base_model"]
+    held_out = client.files.create(file=("held_out.jsonl", jsonl(ROWS)), purpose="fine-tune")
+    body = {
+        "model": model,
+        "baseline": base,
+        "file": held_out.id,
+        "grader": GRADER,
+        "max_tokens": TOKENS,
+    }
+    created = api_client.post("/v1/evaluations", body, format="json")
+    assert created.status_code == 201, created.json()
+    evaluation = wait_evaluation(api_client, created.json()["id"])
+    assert evaluation["status"] == "succeeded", evaluation["error"]
+    samples = evaluation["samples"]["data"]
+    assert [s["index"] for s in samples] == list(range(len(ROWS)))
+
+    for sample, row in zip(samples, ROWS, strict=True):
+        asked = row["messages"][:1]
+        assert sample["prompt"] == asked
+        assert sample["item"] == {"messages": asked, "reference": REFERENCE}
+        for side, name in (("model", model), ("baseline", base)):
+            output = sample[f"{side}_output"]
+            # The answer the client itself gets, greedy, from the same deployment.
+            direct = client.chat.completions.create(
+                model=name, messages=asked, temperature=0, max_tokens=TOKENS
+            )
+            assert output == direct.choices[0].message.content
+            # The score the grader itself gives that answer on that row.
+            scored = graders.score(GRADER, sample=graders.sample_for(output), item=sample["item"])
+            assert scored["error"] is None and sample[f"{side}_grader_error"] == ""
+            assert sample[f"{side}_score"] == scored["reward"]
+    ours = [s["model_score"] for s in samples]
+    theirs = [s["baseline_score"] for s in samples]
+    assert ours != theirs  # the fine-tune answers differently from its base
+
+    summary = evaluation["summary"]
+    for side, scores in (("model", ours), ("baseline", theirs)):
+        assert tuple(summary[side].values()) == pytest.approx(interval(scores))
+    wins = sum(m > b for m, b in zip(ours, theirs, strict=True))
+    ties = sum(m == b for m, b in zip(ours, theirs, strict=True))
+    assert (summary["wins"], summary["ties"]) == (wins, ties)
+    assert summary["win_rate"] == pytest.approx((wins + ties / 2) / len(ROWS))
+    assert_error(other_api_client.get(f"/v1/evaluations/{evaluation['id']}"), 404, "not_found")
+
+    # The task again: a finished evaluation is left as it is; one cut short mid-sample answers
+    # only what it lacks, into the same rows.
+    stored = Evaluation.objects.get(public_id=evaluation["id"])
+    assert tasks.run_evaluation(evaluation_id=stored.pk) == "finished already"
+    Evaluation.objects.filter(pk=stored.pk).update(status=EvaluationStatus.RUNNING, summary={})
+    EvaluationSample.objects.filter(evaluation=stored, index=1).update(
+        baseline_output=None, baseline_score=None
+    )
+    assert tasks.run_evaluation(evaluation_id=stored.pk) == "succeeded"
+    again = api_client.get(f"/v1/evaluations/{evaluation['id']}", {"limit": 200}).json()
+    assert again["samples"]["data"] == samples and again["summary"] == summary
+    assert EvaluationSample.objects.filter(evaluation=stored).count() == len(ROWS)
+
+    # `veri eval` on a local file: the same comparison, its summary printed.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("VERI_API_URL", live_server.url)
+    monkeypatch.setenv("VERI_API_KEY", api_client.raw_key)
+    (tmp_path / "held_out.jsonl").write_bytes(jsonl(ROWS))
+    (tmp_path / "grader.json").write_text(json.dumps(GRADER))
+    capsys.readouterr()
+    code = main(
+        [
+            "eval",
+            "--model",
+            model,
+            "--baseline",
+            base,
+            "--file",
+            str(tmp_path / "held_out.jsonl"),
+            "--grader",
+            str(tmp_path / "grader.json"),
+            "--max-tokens",
+            str(TOKENS),
+        ]
+    )
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    by_cli = api_client.get("/v1/evaluations").json()["data"][0]  # newest first
+    assert by_cli["id"] != evaluation["id"] and by_cli["summary"] == summary  # greedy: the same
+    for side in ("model", "baseline"):
+        found = summary[side]
+        half = (found["ci_high"] - found["ci_low"]) / 2
+        assert f"{found['mean']:.3f} ± {half:.3f}" in printed.out
+    assert f"win rate {summary['win_rate']:.1%}" in printed.out
+    assert "ties counted half" in printed.out
+    assert f"{live_server.url}/evaluations/{by_cli['id']}/" in printed.out
