@@ -50,7 +50,6 @@ ERRORS = {
     "model_start_timeout": "The deployment did not become ready in time; retry later.",
     "inference_error": "The model refused a row (the message says why): fix the row or "
     "lower max_tokens, then rerun the evaluation.",
-    "dataset_unavailable": "The file was deleted or can no longer be read; upload it again.",
 }
 
 
