@@ -28,6 +28,7 @@ class EvaluationOut(serializers.ModelSerializer):
             "baseline",
             "file",
             "grader",
+            "reward_source",
             "max_tokens",
             "temperature",
             "error",
@@ -84,7 +85,8 @@ class EvaluationCreateIn(serializers.Serializer):
     model = serializers.CharField(max_length=MAX_NAME)
     baseline = serializers.CharField(max_length=MAX_NAME)
     file = serializers.CharField(max_length=100)
-    grader = serializers.JSONField()
+    grader = serializers.JSONField(required=False)
+    reward_source = serializers.CharField(required=False, max_length=100_000, trim_whitespace=False)
     max_tokens = serializers.IntegerField(required=False, min_value=1, max_value=4096, default=256)
     temperature = serializers.FloatField(required=False, min_value=0, max_value=2, default=0.0)
 

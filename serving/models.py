@@ -128,6 +128,8 @@ class Evaluation(models.Model):
         "training.Dataset", on_delete=models.SET_NULL, null=True, related_name="evaluations"
     )
     grader = models.JSONField()  # a checked OpenAI-style grader object
+    # When the evaluation was given reward functions: their source (`grader` calls them).
+    reward_source = models.TextField(blank=True)
     max_tokens = models.PositiveIntegerField()
     temperature = models.FloatField()
     status = models.CharField(

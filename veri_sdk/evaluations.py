@@ -23,17 +23,23 @@ class Evaluations:
         model: str,
         baseline: str,
         file: str | Path,
-        grader: dict,
+        grader: dict | None = None,
+        reward_source: str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
     ) -> dict:
         """Queue an evaluation of `model` against `baseline` (each an `ft:` model, an adapter's
         name or a base model a deployment serves). `file`: a dataset id (`ds_…`), an OpenAI
-        fine-tune file id (`file-…`), or a local JSONL path, uploaded first. `grader`: an
-        OpenAI-style grader object (string_check, text_similarity, python, multi)."""
+        fine-tune file id (`file-…`), or a local JSONL path, uploaded first. Scored by `grader`
+        (an OpenAI-style grader object: string_check, text_similarity, python, multi) or by the
+        GRPO reward functions of `reward_source`."""
         if isinstance(file, Path) or Path(file).is_file():
             file = self.datasets.upload(file).id
-        body = {"model": model, "baseline": baseline, "file": file, "grader": grader}
+        body = {"model": model, "baseline": baseline, "file": file}
+        if grader is not None:
+            body["grader"] = grader
+        if reward_source is not None:
+            body["reward_source"] = reward_source
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if temperature is not None:

@@ -8,6 +8,8 @@ scores each answer, and the summary says which is better and how sure that is.
   `item` is the row, its `messages` being those asked.
 - Answers go through the inference router (`inference.route` wakes a cold deployment, as a
   client's request does), greedy by default.
+- Graders: an OpenAI-style grader object, or a reward source (GRPO reward functions, scored
+  through a python grader that calls them as TRL does).
 - Scores: the grader runs in `worker.graders.run_isolated`'s sandboxed child, never in this
   process. A score the grader could not give (its code raised, a template named a field the row
   lacks) is 0 with the grader's message, as OpenAI's graders do.
@@ -26,12 +28,13 @@ from django.utils import timezone
 from serving import selectors
 from serving.models import Evaluation, EvaluationSample, EvaluationStatus
 from serving.services import inference
+from training import specs
 from training.models import Dataset
 from veri.errors import VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes.stores import keys, store_for
-from worker import graders
+from worker import grader_run, graders
 
 S = EvaluationStatus
 MAX_ROWS = 1000
@@ -43,6 +46,7 @@ GRADER_TIMEOUT_SECONDS = 10.0
 TASK_BUDGET_SECONDS = 240.0
 # How long a sample waits for its model's deployment to wake before the evaluation fails.
 WAKE_SECONDS = 900.0
+SERVER_ERRORS = 3  # server errors of one request before the evaluation fails
 
 # The evaluation error catalog: every code a failed evaluation ends with, and what to do.
 ERRORS = {
@@ -130,11 +134,32 @@ def _rows(dataset: Dataset) -> list[tuple[list | str, dict]]:
 # --- creating one
 
 
+def _grader(grader, reward_source: str | None) -> dict:
+    """The checked grader: the one given, or one scoring with the reward functions of
+    `reward_source` (exactly one of them)."""
+    if (grader is None) == (reward_source is None):
+        raise VeriError(
+            "Give a grader (an OpenAI-style grader object) or a reward_source, not both.",
+            field="grader",
+        )
+    if reward_source is not None:
+        specs.check_reward_source(reward_source)
+        grader = graders.reward_grader(reward_source)
+    _check_grader(grader)
+    return grader
+
+
 def _check_grader(grader) -> None:
     try:
         graders.check_grader(grader)
     except graders.GraderError as exc:
         raise VeriError(exc.message, field=exc.param, code="invalid_grader") from None
+    if problem := grader_run.unavailable(grader):  # else every score would be that error's 0
+        raise VeriError(
+            f"This grader's code cannot run here: {problem}.",
+            field="grader",
+            code="grader_unavailable",
+        )
 
 
 def _check_served(*, workspace: Workspace, model: str, field: str) -> None:
@@ -153,15 +178,16 @@ def create_evaluation(
     model: str,
     baseline: str,
     file: str,
-    grader: dict,
     max_tokens: int,
+    grader: dict | None = None,
+    reward_source: str | None = None,
     temperature: float = 0.0,
 ) -> Evaluation:
     """Check everything a user could have got wrong (naming the field), write the evaluation and
     one sample per row, and queue its run once committed."""
     _check_served(workspace=workspace, model=model, field="model")
     _check_served(workspace=workspace, model=baseline, field="baseline")
-    _check_grader(grader)
+    grader = _grader(grader, reward_source)
     dataset = selectors.evaluation_dataset(workspace=workspace, file=file)
     rows = _rows(dataset)
     with transaction.atomic():
@@ -172,6 +198,7 @@ def create_evaluation(
             file=file,
             dataset=dataset,
             grader=grader,
+            reward_source=reward_source or "",
             max_tokens=max_tokens,
             temperature=temperature,
         )
@@ -223,11 +250,23 @@ def _request(evaluation: Evaluation, prompt: list | str, model: str) -> tuple[st
     return "/v1/chat/completions", json.dumps(body | {"messages": prompt}).encode()
 
 
+def _text_of(answered) -> str | None:
+    """The first choice's text of a completion or chat completion; None for anything else."""
+    try:
+        choice = answered["choices"][0]
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if text is None:
+        return ""  # no content (only tool calls, say): an empty answer
+    return text if isinstance(text, str) else None
+
+
 def answer(evaluation: Evaluation, prompt: list | str, model: str) -> str:
     """`model`'s answer to `prompt`, through the router: a cold deployment is woken and waited
     for (up to WAKE_SECONDS), a replica lost mid-answer retried on the next."""
     path, body = _request(evaluation, prompt, model)
-    deadline = time.monotonic() + WAKE_SECONDS
+    deadline, failures = time.monotonic() + WAKE_SECONDS, 0
     while True:
         try:
             replica = inference.route(workspace=evaluation.workspace, model=model)
@@ -247,13 +286,17 @@ def answer(evaluation: Evaluation, prompt: list | str, model: str) -> str:
             answered = json.loads(content)
         except ValueError:
             answered = None
-        if response.status_code == 200 and isinstance(answered, dict):
-            choice = answered["choices"][0]
-            return choice["message"]["content"] if "message" in choice else choice["text"]
-        if response.status_code >= 500 and time.monotonic() < deadline:
+        if response.status_code == 200 and (text := _text_of(answered)) is not None:
+            return text
+        if response.status_code >= 500 and (failures := failures + 1) < SERVER_ERRORS:
+            time.sleep(failures)
             continue  # the replica failed mid-answer: the router starts another
         error = (answered or {}).get("error") if isinstance(answered, dict) else None
-        message = error.get("message") if isinstance(error, dict) else content[:300].decode()
+        message = (
+            error.get("message")
+            if isinstance(error, dict)
+            else content[:300].decode("utf-8", "replace")
+        )
         raise EvaluationFailed(
             "inference_error", f"{model} answered {response.status_code}: {message}"
         )

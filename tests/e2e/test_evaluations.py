@@ -1,9 +1,10 @@
 """Compare on a file: a deployed fine-tune of the tiny model and its base answer every row of a
 held-out file through the inference router, a grader scores each answer in its sandboxed child,
 and every score equals the grader called directly on that (row, output): against a live server,
-a real task cluster and the local provider; the same through `veri eval`."""
+a real task cluster and the local provider. Then the dashboard's page of it, and `veri eval`
+scoring with a reward function, each score the function's own."""
 
-import json
+import html
 import math
 import time
 
@@ -12,6 +13,7 @@ import pytest
 from serving import tasks
 from serving.models import Evaluation, EvaluationSample, EvaluationStatus
 from tests.conftest import assert_error
+from tests.dashboard.conftest import member_of, signed_in
 from tests.e2e.test_serving import TOKENS, deployed_fine_tune, platform  # noqa: F401 - fixtures
 from tests.openai_api.conftest import jsonl
 from veri_sdk.cli import main
@@ -55,6 +57,17 @@ GRADER = {
 }
 
 
+# The same closeness as a GRPO reward function: the share of the reference's words said.
+REWARD = """
+def reward(prompts, completions, reference, **kwargs):
+    scores = []
+    for completion, wanted in zip(completions, reference):
+        said = completion[-1]["content"].split()
+        scores.append(sum(word in said for word in wanted.split()) / len(wanted.split()))
+    return scores
+"""
+
+
 def wait_evaluation(api_client, evaluation_id: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,6 +89,7 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
     live_server,
     api_client,
     other_api_client,
+    workspace,
     monkeypatch,
     capsys,
     tmp_path,
@@ -138,12 +152,23 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
     assert again["samples"]["data"] == samples and again["summary"] == summary
     assert EvaluationSample.objects.filter(evaluation=stored).count() == len(ROWS)
 
-    # `veri eval` on a local file: the same comparison, its summary printed.
+    # The dashboard's page: the summary, and both outputs side by side with their scores.
+    owner = signed_in(member_of(workspace, "owner@acme.test"))
+    page = html.unescape(owner.get(f"/evaluations/{evaluation['id']}/").content.decode())
+    assert f"{len(ROWS)} of {len(ROWS)} samples scored" in page
+    assert f"{wins} wins, {ties} ties (counted half)" in page
+    for sample in samples:
+        assert f'data-output="model">{sample["model_output"]}<' in page
+        assert f'data-output="baseline">{sample["baseline_output"]}<' in page
+    assert evaluation["id"] in owner.get("/evaluations/").content.decode()
+
+    # `veri eval` on a local file, scored by a reward function: the same answers (greedy), each
+    # scored as a GRPO job's reward function scores it; the summary printed.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("VERI_API_URL", live_server.url)
     monkeypatch.setenv("VERI_API_KEY", api_client.raw_key)
     (tmp_path / "held_out.jsonl").write_bytes(jsonl(ROWS))
-    (tmp_path / "grader.json").write_text(json.dumps(GRADER))
+    (tmp_path / "reward.py").write_text(REWARD)
     capsys.readouterr()
     code = main(
         [
@@ -155,7 +180,7 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
             "--file",
             str(tmp_path / "held_out.jsonl"),
             "--grader",
-            str(tmp_path / "grader.json"),
+            str(tmp_path / "reward.py"),
             "--max-tokens",
             str(TOKENS),
         ]
@@ -163,7 +188,23 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
     printed = capsys.readouterr()
     assert code == 0, printed.err
     by_cli = api_client.get("/v1/evaluations").json()["data"][0]  # newest first
-    assert by_cli["id"] != evaluation["id"] and by_cli["summary"] == summary  # greedy: the same
+    assert by_cli["id"] != evaluation["id"] and by_cli["status"] == "succeeded"
+    cli_samples = api_client.get(f"/v1/evaluations/{by_cli['id']}", {"limit": 200}).json()
+    namespace: dict = {}
+    exec(REWARD, namespace)
+    for sample, first in zip(cli_samples["samples"]["data"], samples, strict=True):
+        for side in ("model", "baseline"):
+            output = sample[f"{side}_output"]
+            assert output == first[f"{side}_output"]
+            completion = [{"role": "assistant", "content": output}]
+            [expected] = namespace["reward"](
+                prompts=[first["prompt"]],
+                completions=[completion],
+                messages=[first["prompt"]],
+                reference=[REFERENCE],
+            )
+            assert sample[f"{side}_score"] == expected
+    summary = by_cli["summary"]
     for side in ("model", "baseline"):
         found = summary[side]
         half = (found["ci_high"] - found["ci_low"]) / 2

@@ -57,6 +57,20 @@ BAD = [
     ({"grader": {**EXACT, "operation": "sounds_like"}}, 400, "invalid_grader", "grader.operation"),
     ({"grader": {**EXACT, "reference": "{{ env.SECRET }}"}}, 400, "invalid_grader", None),
     ({"grader": {"type": "python", "name": "g", "source": "x ="}}, 400, "invalid_grader", None),
+    ({"grader": None}, 400, "invalid_request", "grader"),  # neither a grader nor a reward
+    (
+        {"reward_source": "def reward(completions, **kw):\n    return [1.0]\n"},
+        400,
+        "invalid_request",
+        "grader",
+    ),
+    (
+        {"grader": None, "reward_source": "def score(x): pass"},
+        400,
+        "invalid_reward",
+        "reward_source",
+    ),
+    ({"grader": None, "reward_source": "def reward(:"}, 400, "invalid_reward", "reward_source"),
     ({"max_tokens": 0}, 400, "invalid_request", "max_tokens"),
     ({"temperature": -1}, 400, "invalid_request", "temperature"),
 ]
@@ -101,6 +115,13 @@ def test_each_format_asks_its_prompt_and_the_grader_reads_the_row(api_client, se
     ).json()["samples"]
     assert [(s["prompt"], s["item"]) for s in rest["data"]] == [("2 + 2 =", rows[2])]
     assert rest["next_cursor"] is None
+
+
+def test_reward_functions_grade_through_a_python_grader(api_client, served):
+    source = "def reward(prompts, completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    body = {k: v for k, v in served.items() if k != "grader"} | {"reward_source": source}
+    evaluation = create(api_client, body).json()
+    assert evaluation["reward_source"] == source and evaluation["grader"]["type"] == "python"
 
 
 def test_another_workspace_sees_no_evaluation(api_client, other_api_client, served):

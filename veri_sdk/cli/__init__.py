@@ -220,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help="an ft: model, an adapter or a served base")
     ev.add_argument("--baseline", required=True, help="the model to compare with")
     ev.add_argument("--file", required=True, help="a .jsonl (uploaded), a ds_ or file- id")
-    ev.add_argument("--grader", required=True, help="a JSON file: an OpenAI-style grader")
+    ev.add_argument(
+        "--grader", required=True, help="an OpenAI-style grader (.json) or reward functions (.py)"
+    )
     ev.add_argument("--max-tokens", dest="max_tokens", type=int, help="per answer (256)")
     ev.add_argument("--no-wait", action="store_true", help="queue it and answer at once")
     ev.add_argument("--timeout", type=float, default=3600, help="seconds to wait (3600)")

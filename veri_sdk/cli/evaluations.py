@@ -7,9 +7,11 @@ from veri_sdk.cli.output import out, print_json, print_table, table
 from veri_sdk.cli.train import BadConfig
 
 
-def _grader(path: str) -> dict:
+def _scoring(path: str) -> dict:
+    """A `.py` file is reward functions' source; anything else a JSON grader object."""
     try:
-        return json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        return {"reward_source": text} if path.endswith(".py") else {"grader": json.loads(text)}
     except (OSError, ValueError) as exc:
         raise BadConfig(f"cannot read the grader {path}: {exc}") from None
 
@@ -47,7 +49,7 @@ def cmd_eval(args, client) -> int:
         model=args.model,
         baseline=args.baseline,
         file=args.file,
-        grader=_grader(args.grader),
+        **_scoring(args.grader),
         max_tokens=args.max_tokens,
     )
     if not args.no_wait:
