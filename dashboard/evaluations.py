@@ -132,7 +132,6 @@ def evaluation_detail(request, evaluation_id: str):
         selectors.get_evaluation, workspace=request.workspace, evaluation_id=evaluation_id
     )
     samples = selectors.list_evaluation_samples(evaluation=evaluation)
-    scored = samples.filter(model_score__isnull=False, baseline_score__isnull=False).count()
     page = Paginator(samples, SAMPLES).get_page(request.GET.get("page"))
     rows = [{"sample": s, "prompt": prompt_text(s.prompt), "winner": winner(s)} for s in page]
     return render(
@@ -143,8 +142,6 @@ def evaluation_detail(request, evaluation_id: str):
             "summary": evaluation.summary or None,
             "hint": services.ERRORS.get(evaluation.error_code, ""),
             "grader": json.dumps(evaluation.grader, indent=2),
-            "scored": scored,
-            "total": samples.count(),
             "page": page,
             "rows": rows,
         },

@@ -18,6 +18,8 @@ class EvaluationOut(serializers.ModelSerializer):
     id = serializers.CharField(source="public_id")
     error = serializers.SerializerMethodField()
     summary = serializers.SerializerMethodField()
+    samples_total = serializers.IntegerField(source="sample_count")
+    samples_scored = serializers.IntegerField(source="scored_count")
 
     class Meta:
         model = Evaluation
@@ -33,6 +35,8 @@ class EvaluationOut(serializers.ModelSerializer):
             "temperature",
             "error",
             "summary",
+            "samples_total",
+            "samples_scored",
             "created_at",
             "started_at",
             "finished_at",
@@ -101,7 +105,10 @@ class EvaluationsView(WorkspaceView):
     @extend_schema(request=EvaluationCreateIn, responses={201: EvaluationOut})
     def post(self, request: Request) -> Response:
         data = self.validated(EvaluationCreateIn, request.data)
-        evaluation = services.create_evaluation(workspace=self.workspace, **data)
+        created = services.create_evaluation(workspace=self.workspace, **data)
+        evaluation = selectors.get_evaluation(
+            workspace=self.workspace, evaluation_id=created.public_id
+        )
         return Response(EvaluationOut(evaluation).data, status=201)
 
 

@@ -1,6 +1,6 @@
 """Reads of deployments, workspace-scoped."""
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from serving.models import (
     Deployment,
@@ -49,7 +49,14 @@ def ready_replica(*, deployment: Deployment) -> Replica | None:
 
 
 def list_evaluations(*, workspace: Workspace) -> QuerySet[Evaluation]:
-    return Evaluation.objects.filter(workspace=workspace).order_by("-pk")
+    """Newest first, each with `sample_count` and `scored_count` (samples both models' answers
+    to are scored)."""
+    scored = Q(samples__model_score__isnull=False, samples__baseline_score__isnull=False)
+    return (
+        Evaluation.objects.filter(workspace=workspace)
+        .annotate(sample_count=Count("samples"), scored_count=Count("samples", filter=scored))
+        .order_by("-pk")
+    )
 
 
 def get_evaluation(*, workspace: Workspace, evaluation_id: str) -> Evaluation:

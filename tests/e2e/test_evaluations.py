@@ -109,6 +109,7 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
     evaluation = wait_evaluation(api_client, created.json()["id"])
     assert evaluation["status"] == "succeeded", evaluation["error"]
     samples = evaluation["samples"]["data"]
+    assert evaluation["samples_total"] == evaluation["samples_scored"] == len(ROWS)
     assert [s["index"] for s in samples] == list(range(len(ROWS)))
 
     for sample, row in zip(samples, ROWS, strict=True):

@@ -102,6 +102,7 @@ def test_each_format_asks_its_prompt_and_the_grader_reads_the_row(api_client, se
     assert evaluation["status"] == "queued" and evaluation["summary"] is None
     assert evaluation["id"].startswith("eval_") and evaluation["max_tokens"] == 8
     assert evaluation["temperature"] == 0  # greedy unless asked otherwise
+    assert (evaluation["samples_total"], evaluation["samples_scored"]) == (3, 0)
 
     page = api_client.get(f"/v1/evaluations/{evaluation['id']}", {"limit": 2}).json()
     assert [s["index"] for s in page["samples"]["data"]] == [0, 1]
