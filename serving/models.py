@@ -1,6 +1,7 @@
 """Deployments (a base model plus adapters, served by replicas), their replicas and events."""
 
 from django.db import models
+from django.utils import timezone
 
 from veri.models import Workspace, public_id_field
 from volumes.stores import keys
@@ -141,6 +142,12 @@ class Evaluation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(null=True)
+    # Its last sign of life (created, an answer or a score saved, its task re-queued): an
+    # unfinished evaluation quiet for long has lost its task, and is queued again.
+    progress_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "progress_at"])]
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.model} vs {self.baseline}, {self.status})"

@@ -1,5 +1,7 @@
 """django-q2 tasks for serving: launching a replica's machine, and the minute schedule that
-fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas.
+fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas;
+running an evaluation, and the minute schedule queueing again the evaluations that lost their
+task.
 Each is idempotent and safe to run twice or concurrently."""
 
 from django.utils import timezone
@@ -22,3 +24,7 @@ def watch_deployments() -> dict[str, int]:
 
 def run_evaluation(*, evaluation_id: int) -> str:
     return evaluations.run_evaluation(evaluation_id=evaluation_id)
+
+
+def resume_evaluations() -> int:
+    return evaluations.resume_stalled(now=timezone.now())

@@ -21,6 +21,7 @@ scores each answer, and the summary says which is better and how sure that is.
 import json
 import math
 import time
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -46,6 +47,9 @@ GRADER_TIMEOUT_SECONDS = 10.0
 TASK_BUDGET_SECONDS = 240.0
 # How long a sample waits for its model's deployment to wake before the evaluation fails.
 WAKE_SECONDS = 900.0
+# Longer than waiting for a cold model, then a task's budget and an answer at the serving read
+# timeout: quiet for this long, an unfinished evaluation has lost its task.
+STALLED_SECONDS = 1800
 SERVER_ERRORS = 3  # server errors of one request before the evaluation fails
 
 # The evaluation error catalog: every code a failed evaluation ends with, and what to do.
@@ -315,10 +319,12 @@ def _complete(evaluation: Evaluation, sample: EvaluationSample) -> None:
     """Answer and score what the sample still lacks; each part is saved as soon as it is
     known, only where nothing was saved before (a twin task's work is kept, not redone)."""
     this = EvaluationSample.objects.filter(pk=sample.pk)
+    alive = Evaluation.objects.filter(pk=evaluation.pk)
     for side, model in (("model", evaluation.model), ("baseline", evaluation.baseline)):
         if getattr(sample, f"{side}_output") is None:
             output = answer(evaluation, sample.prompt, model)
             this.filter(**{f"{side}_output__isnull": True}).update(**{f"{side}_output": output})
+            alive.update(progress_at=timezone.now())
             sample.refresh_from_db()
         if getattr(sample, f"{side}_score") is None:
             output = getattr(sample, f"{side}_output")
@@ -326,6 +332,7 @@ def _complete(evaluation: Evaluation, sample: EvaluationSample) -> None:
             this.filter(**{f"{side}_score__isnull": True}).update(
                 **{f"{side}_score": reward, f"{side}_grader_error": error}
             )
+            alive.update(progress_at=timezone.now())
 
 
 def run_evaluation(*, evaluation_id: int) -> str:
@@ -350,6 +357,22 @@ def run_evaluation(*, evaluation_id: int) -> str:
         return exc.code
     _finish(evaluation)
     return "succeeded"
+
+
+def resume_stalled(*, now: datetime) -> int:
+    """Queue again the unfinished evaluations quiet for STALLED_SECONDS (their task lost with a
+    killed task worker, or never queued): each is claimed by a conditional UPDATE, so two sweeps
+    queue it once; a twin of a task still running only repeats nothing (see run_evaluation)."""
+    stalled = Evaluation.objects.filter(
+        status__in=[S.QUEUED, S.RUNNING],
+        progress_at__lt=now - timedelta(seconds=STALLED_SECONDS),
+    )
+    resumed = 0
+    for pk in stalled.order_by("progress_at").values_list("pk", flat=True)[:100]:
+        if stalled.filter(pk=pk).update(progress_at=now):
+            enqueue_on_commit("serving.tasks.run_evaluation", evaluation_id=pk)
+            resumed += 1
+    return resumed
 
 
 # --- the summary

@@ -3,8 +3,10 @@ rows each file format asks, workspace scoping, and the summary's arithmetic. The
 (models answering, the grader scoring) is tests/e2e/test_evaluations.py."""
 
 import math
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from serving.models import Evaluation
 from serving.services import evaluations
@@ -147,3 +149,14 @@ def test_the_summary_follows_from_the_scores():
     half = 1.959963984540054 * math.sqrt(0.25) / 2  # s = 0.5 over n = 4
     assert found == pytest.approx({"mean": 0.75, "ci_low": 0.75 - half, "ci_high": 0.75 + half})
     assert evaluations.mean_interval([0.4]) == {"mean": 0.4, "ci_low": 0.4, "ci_high": 0.4}
+
+
+def test_an_evaluation_that_lost_its_task_is_queued_again_once(api_client, served):
+    evaluation = Evaluation.objects.get(public_id=create(api_client, served).json()["id"])
+    now = timezone.now()
+    assert evaluations.resume_stalled(now=now) == 0  # just queued: its task is on its way
+    later = now + timedelta(seconds=evaluations.STALLED_SECONDS + 1)
+    assert evaluations.resume_stalled(now=later) == 1
+    assert evaluations.resume_stalled(now=later) == 0  # claimed: queued once
+    Evaluation.objects.filter(pk=evaluation.pk).update(status="succeeded")
+    assert evaluations.resume_stalled(now=later + timedelta(hours=1)) == 0
