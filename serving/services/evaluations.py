@@ -35,15 +35,15 @@ from veri.errors import VeriError
 from veri.models import Workspace
 from veri.queue import enqueue_on_commit
 from volumes.stores import keys, store_for
-from worker import grader_run, graders
+from worker import formats, grader_run, graders
 
 S = EvaluationStatus
 MAX_ROWS = 1000
 MAX_FILE_BYTES = 20 * 1024**2
 Z_95 = 1.959963984540054  # the standard normal's 97.5th percentile
 GRADER_TIMEOUT_SECONDS = 10.0
-# A task works this long, then queues its continuation: the cluster's task timeout never cuts
-# an evaluation short, and what was answered stays answered.
+# A task works this long, then queues its continuation, well within the cluster's task timeout
+# (and what was answered stays answered when a task is cut short anyway).
 TASK_BUDGET_SECONDS = 240.0
 # How long a sample waits for its model's deployment to wake before the evaluation fails.
 WAKE_SECONDS = 900.0
@@ -70,12 +70,6 @@ class EvaluationFailed(Exception):
 # --- the file's rows
 
 
-def _text(content) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
-
-
 def sample_of(row) -> tuple[list | str, dict] | None:
     """(what the models are asked, the grader's item) for one row; None for a row that asks
     nothing."""
@@ -85,7 +79,11 @@ def sample_of(row) -> tuple[list | str, dict] | None:
     if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
         if messages[-1].get("role") == "assistant":
             asked = messages[:-1]
-            item = {"reference": _text(messages[-1].get("content")), **row, "messages": asked}
+            try:
+                reference = formats.text_of(messages[-1].get("content"))
+            except (KeyError, TypeError):  # content that is not text parts: not a chat row
+                return None
+            item = {"reference": reference, **row, "messages": asked}
         else:
             asked, item = messages, row
         return (asked, item) if asked else None
