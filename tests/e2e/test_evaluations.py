@@ -2,19 +2,26 @@
 held-out file through the inference router, a grader scores each answer in its sandboxed child,
 and every score equals the grader called directly on that (row, output): against a live server,
 a real task cluster and the local provider. Then the dashboard's page of it, and `veri eval`
-scoring with a reward function, each score the function's own."""
+(waking the deployment, scaled to zero meanwhile) scoring with a reward function, each score the
+function's own."""
 
 import html
 import math
 import time
 
 import pytest
+from django_q.tasks import async_task
 
 from serving import tasks
 from serving.models import Evaluation, EvaluationSample, EvaluationStatus
 from tests.conftest import assert_error
 from tests.dashboard.conftest import member_of, signed_in
-from tests.e2e.test_serving import TOKENS, deployed_fine_tune, platform  # noqa: F401 - fixtures
+from tests.e2e.test_serving import (  # noqa: F401 - fixtures
+    TOKENS,
+    deployed_fine_tune,
+    platform,
+    wait_deployment,
+)
 from tests.openai_api.conftest import jsonl
 from veri_sdk.cli import main
 from worker import graders
@@ -163,6 +170,13 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
         assert f'data-output="baseline">{sample["baseline_output"]}<' in page
     assert evaluation["id"] in owner.get("/evaluations/").content.decode()
 
+    # Scaled to zero meanwhile: the next evaluation wakes the deployment, as a request does.
+    path = f"/v1/deployments/{deployed_fine_tune.deployment['id']}"
+    api_client.patch(path, {"idle_timeout_seconds": 10}, format="json")
+    time.sleep(11)
+    async_task("serving.tasks.watch_deployments")
+    wait_deployment(api_client, deployed_fine_tune.deployment["id"], "stopped", timeout=60)
+
     # `veri eval` on a local file, scored by a reward function: the same answers (greedy), each
     # scored as a GRPO job's reward function scores it; the summary printed.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -213,3 +227,4 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
     assert f"win rate {summary['win_rate']:.1%}" in printed.out
     assert "ties counted half" in printed.out
     assert f"{live_server.url}/evaluations/{by_cli['id']}/" in printed.out
+    assert api_client.get(path).json()["status"] == "ready"  # woken
