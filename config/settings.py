@@ -208,6 +208,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Managed LLM training: volumes, datasets, training jobs, billing.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {"EvaluationStatusEnum": "serving.models.EvaluationStatus"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.schema.add_error_responses",

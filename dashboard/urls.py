@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import account, deployments, jobs, runs, storage, webhooks
+from dashboard import account, deployments, evaluations, jobs, runs, storage, webhooks
 
 app_name = "dashboard"
 
@@ -59,4 +59,6 @@ urlpatterns = [
     path("webhooks/<str:endpoint_id>/test/", webhooks.webhook_test, name="webhook_test"),
     path("webhooks/<str:endpoint_id>/delete/", webhooks.webhook_delete, name="webhook_delete"),
     path("workspace/", account.switch_workspace, name="switch"),
+    path("evaluations/", evaluations.evaluation_list, name="evaluations"),
+    path("evaluations/<str:evaluation_id>/", evaluations.evaluation_detail, name="evaluation"),
 ]

@@ -1,6 +1,7 @@
 """Deployments (a base model plus adapters, served by replicas), their replicas and events."""
 
 from django.db import models
+from django.utils import timezone
 
 from veri.models import Workspace, public_id_field
 from volumes.stores import keys
@@ -103,3 +104,75 @@ class DeploymentEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} at {self.created_at}"
+
+
+class EvaluationStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # `error_code` (serving.services.evaluations.ERRORS) says why
+
+
+class Evaluation(models.Model):
+    """Two models (`model` and `baseline`) answering every row of a held-out dataset, each answer
+    scored by one grader; `summary` holds the means, their confidence intervals and the win
+    rate once it succeeded."""
+
+    public_id = public_id_field("eval")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="evaluations")
+    model = models.CharField(max_length=500)
+    baseline = models.CharField(max_length=500)
+    # The file as given (a dataset id or an OpenAI file id); the dataset may be deleted later,
+    # the samples keep their rows.
+    file = models.CharField(max_length=100)
+    dataset = models.ForeignKey(
+        "training.Dataset", on_delete=models.SET_NULL, null=True, related_name="evaluations"
+    )
+    grader = models.JSONField()  # a checked OpenAI-style grader object
+    # When the evaluation was given reward functions: their source (`grader` calls them).
+    reward_source = models.TextField(blank=True)
+    max_tokens = models.PositiveIntegerField()
+    temperature = models.FloatField()
+    status = models.CharField(
+        max_length=20, choices=EvaluationStatus.choices, default=EvaluationStatus.QUEUED
+    )
+    error_code = models.CharField(max_length=60, blank=True)
+    error_message = models.TextField(blank=True)
+    summary = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    # Its last sign of life (created, an answer or a score saved, its task re-queued): an
+    # unfinished evaluation quiet for long has lost its task, and is queued again.
+    progress_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "progress_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.model} vs {self.baseline}, {self.status})"
+
+
+class EvaluationSample(models.Model):
+    """One row of the file: the prompt both models answered, the row the grader reads as its
+    `item`, and each model's output and score (empty until answered and scored)."""
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="samples")
+    index = models.PositiveIntegerField()  # the row's place in the file, from 0
+    prompt = models.JSONField()  # a list of chat messages, or a text prompt
+    item = models.JSONField()
+    # null: not answered yet ("" is an answer)
+    model_output = models.TextField(null=True)  # noqa: DJ001
+    model_score = models.FloatField(null=True)
+    model_grader_error = models.TextField(blank=True)
+    baseline_output = models.TextField(null=True)  # noqa: DJ001
+    baseline_score = models.FloatField(null=True)
+    baseline_grader_error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["evaluation", "index"], name="one_sample_per_row")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.evaluation_id}#{self.index}"

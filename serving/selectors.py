@@ -3,9 +3,18 @@
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
-from serving.models import Deployment, DeploymentEvent, DeploymentStatus, Replica, ReplicaStatus
+from serving.models import (
+    Deployment,
+    DeploymentEvent,
+    DeploymentStatus,
+    Evaluation,
+    EvaluationSample,
+    Replica,
+    ReplicaStatus,
+)
+from training.models import Dataset
 from veri.errors import NotFound
 from veri.models import Workspace
 from veri.money import compute_micros
@@ -55,3 +64,38 @@ def uncharged_micros(*, replicas: Iterable[Replica], now: datetime) -> int:
         for r in replicas
         if r.status == ReplicaStatus.READY and r.ready_at
     )
+
+
+def list_evaluations(*, workspace: Workspace) -> QuerySet[Evaluation]:
+    """Newest first, each with `sample_count` and `scored_count` (samples both models' answers
+    to are scored)."""
+    scored = Q(samples__model_score__isnull=False, samples__baseline_score__isnull=False)
+    return (
+        Evaluation.objects.filter(workspace=workspace)
+        .annotate(sample_count=Count("samples"), scored_count=Count("samples", filter=scored))
+        .order_by("-pk")
+    )
+
+
+def get_evaluation(*, workspace: Workspace, evaluation_id: str) -> Evaluation:
+    evaluation = list_evaluations(workspace=workspace).filter(public_id=evaluation_id).first()
+    if evaluation is None:
+        raise NotFound(f"No evaluation {evaluation_id[:60]!r} in this workspace.")
+    return evaluation
+
+
+def list_evaluation_samples(*, evaluation: Evaluation) -> QuerySet[EvaluationSample]:
+    return evaluation.samples.order_by("index")
+
+
+def evaluation_dataset(*, workspace: Workspace, file: str) -> Dataset:
+    """The dataset a file names: a dataset id, or an OpenAI `fine-tune` file's id (a dataset
+    underneath; read through the relation, as serving sits below the OpenAI app)."""
+    by = {"openai_files__public_id": file} if file.startswith("file-") else {"public_id": file}
+    dataset = Dataset.objects.filter(workspace=workspace, **by).first()
+    if dataset is None:
+        raise NotFound(
+            f"No dataset or fine-tune file {file[:60]!r} in this workspace.",
+            field="file",
+        )
+    return dataset

@@ -1,10 +1,12 @@
 """django-q2 tasks for serving: launching a replica's machine, and the minute schedule that
-fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas.
+fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas;
+running an evaluation, and the minute schedule queueing again the evaluations that lost their
+task.
 Each is idempotent and safe to run twice or concurrently."""
 
 from django.utils import timezone
 
-from serving.services import replicas
+from serving.services import evaluations, replicas
 
 
 def launch_replica(*, replica_id: int) -> str:
@@ -18,3 +20,11 @@ def watch_deployments() -> dict[str, int]:
         "scaled_down": replicas.scale_idle(now=now),
         "charged": replicas.charge_running(now=now),
     }
+
+
+def run_evaluation(*, evaluation_id: int) -> str:
+    return evaluations.run_evaluation(evaluation_id=evaluation_id)
+
+
+def resume_evaluations() -> int:
+    return evaluations.resume_stalled(now=timezone.now())

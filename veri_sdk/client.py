@@ -2,6 +2,7 @@ from veri_sdk.billing import Billing
 from veri_sdk.catalog import Gpus, Regions
 from veri_sdk.config import resolve
 from veri_sdk.deployments import Deployments
+from veri_sdk.evaluations import Evaluations
 from veri_sdk.http import ApiTransport, StorageTransport
 from veri_sdk.secrets import Secrets
 from veri_sdk.training import Datasets, TrainingJobs
@@ -33,3 +34,4 @@ class Client:
         self.secrets = Secrets(self.api)
         self.webhooks = Webhooks(self.api)
         self.deployments = Deployments(self.api)
+        self.evaluations = Evaluations(self.api, self.datasets)

@@ -133,9 +133,15 @@ def _unsandboxed_code(grader: dict) -> str | None:
     )
 
 
+def unavailable(grader: dict) -> str | None:
+    """Why `run` could not score `grader` on this machine (it would answer a server error for
+    every sample), or None."""
+    return sandbox.missing_sandbox() or _unsandboxed_code(grader)
+
+
 def run(grader: dict, *, sample: dict, item: dict, timeout: float) -> dict:
     """worker.graders.run_isolated's work, for a checked grader: this module as a child."""
-    if problem := sandbox.missing_sandbox() or _unsandboxed_code(grader):
+    if problem := unavailable(grader):
         return _failed(
             "python_grader_server_error",
             f"Python graders cannot run here: {problem}.",

@@ -527,6 +527,68 @@ def reward_source(grader: dict) -> str:
     return REWARD_SOURCE.format(grader=json.dumps(grader, sort_keys=True))
 
 
+# --- a GRPO reward function as a python grader (to score samples as training would)
+
+
+def reward_functions(namespace: dict) -> list:
+    """The reward functions a reward source defined in `namespace`: every one marked with
+    @reward_function (or @training_job), else `reward`. TRL adds their scores."""
+    marked = [v for v in namespace.values() if callable(v) and getattr(v, "__veri_reward__", 0)]
+    return marked or ([namespace["reward"]] if callable(namespace.get("reward")) else [])
+
+
+@functools.lru_cache(maxsize=8)
+def _rewards_of(source: str) -> list:
+    namespace = {"__name__": "veri_reward"}
+    exec(compile(source, "reward.py", "exec"), namespace)  # customer code: a grader child only
+    functions = reward_functions(namespace)
+    if not functions:
+        raise ValueError("reward_source defines no `reward` function")
+    return functions
+
+
+def reward_grade(source: str, sample: dict, item: dict) -> float:
+    """One sample's reward as a GRPO job's reward functions give it: called as TRL calls them,
+    with one prompt (the item's `prompt`, else its `messages`), one completion (the assistant's
+    message for a chat prompt, else the text) and the item's other fields as one-value columns;
+    the functions' scores added."""
+    prompt = item.get("prompt", item.get("messages"))
+    text = sample["output_text"]
+    completion = [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+    columns = {key: [value] for key, value in item.items() if key != "prompt"}
+    total = 0.0
+    for function in _rewards_of(source):
+        [value] = function(prompts=[prompt], completions=[completion], **columns)
+        total += _number(value, getattr(function, "__name__", "reward"))
+    return total
+
+
+REWARD_GRADE = '''"""A reward function as a python grader: Veri wrote it from a reward_source."""
+
+import json
+
+from worker.graders import reward_grade
+
+SOURCE = json.loads({source!r})
+
+
+def grade(sample, item):
+    return reward_grade(SOURCE, sample, item)
+'''
+
+
+def reward_grader(source: str) -> dict:
+    """A python grader scoring each sample with the reward functions of `source` (checked by
+    the caller), so that it runs where and how a python grader runs."""
+    grader = {
+        "type": "python",
+        "name": "reward_source",
+        "source": REWARD_GRADE.format(source=json.dumps(source)),
+    }
+    check_grader(grader)
+    return grader
+
+
 # --- on the control plane: a python grader in a sandboxed child
 
 

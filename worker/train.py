@@ -21,7 +21,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from worker import formats
+from worker import formats, graders
 from worker.errors import TRAINING_CODES, JobFailure
 from worker.rows import row_problem
 
@@ -91,9 +91,7 @@ def load_rewards(source: str, recorder: SampleRecorder | None = None) -> list:
         raise JobFailure(
             "dependency_error", f"the reward source imports a missing package: {exc}"
         ) from exc
-    functions = [
-        v for v in namespace.values() if callable(v) and getattr(v, "__veri_reward__", False)
-    ] or ([namespace["reward"]] if callable(namespace.get("reward")) else [])
+    functions = graders.reward_functions(namespace)
     if not functions:
         raise JobFailure("config_error", "reward_source defines no `reward` function")
     names = [getattr(f, "__name__", "reward") for f in functions]

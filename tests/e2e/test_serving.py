@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 import httpx
 import openai
@@ -99,8 +100,36 @@ def ask(client: openai.OpenAI, model: str, tokens: int = TOKENS, **kwargs):
     )
 
 
+@dataclass(frozen=True)
+class Deployed:
+    client: openai.OpenAI  # the official client, with the test workspace's key
+    model: str  # the fine-tune's `ft:` name; its base (TINY) is served by the same deployment
+    job_id: str  # the Veri training job behind it
+    deployment: dict  # as POST /v1/deployments answered
+
+
+@pytest.fixture
+def deployed_fine_tune(platform, live_server, api_client) -> Deployed:  # noqa: F811
+    """The embedded default, live, with a fine-tune of the tiny model trained through the
+    official `openai` client and deployed on the local provider, ready to answer."""
+    platform()
+    client = openai_client(live_server, api_client.raw_key)
+    job = fine_tune(client)
+
+    created = api_client.post(
+        "/v1/deployments",
+        {"adapters": [job.fine_tuned_model], "idle_timeout_seconds": 600},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    deployment = created.json()
+    assert deployment["base_model"] == TINY and deployment["status"] == "starting"
+    wait_deployment(api_client, deployment["id"], "ready")
+    return Deployed(client, job.fine_tuned_model, job.model_extra["veri_job_id"], deployment)
+
+
 def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes(
-    platform,  # noqa: F811
+    deployed_fine_tune,
     live_server,
     api_client,
     other_api_client,
@@ -108,21 +137,10 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     tmp_path,
     settings,
 ):
-    platform()
-    client = openai_client(live_server, api_client.raw_key)
-    job = fine_tune(client)
-    model = job.fine_tuned_model
-
-    created = api_client.post(
-        "/v1/deployments", {"adapters": [model], "idle_timeout_seconds": 600}, format="json"
-    )
-    assert created.status_code == 201, created.json()
-    deployment = created.json()
-    assert deployment["base_model"] == TINY and deployment["status"] == "starting"
-    wait_deployment(api_client, deployment["id"], "ready")
-
+    client, model = deployed_fine_tune.client, deployed_fine_tune.model
+    deployment = deployed_fine_tune.deployment
     base_text, adapter_text = peft_greedy(
-        tiny_model, download_final(api_client, job.model_extra["veri_job_id"], tmp_path / "ft")
+        tiny_model, download_final(api_client, deployed_fine_tune.job_id, tmp_path / "ft")
     )
     assert base_text != adapter_text  # the adapter changes the greedy answer
     answer = ask(client, model)

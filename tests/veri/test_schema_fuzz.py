@@ -17,9 +17,10 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from serving.models import Deployment
+from serving.models import Deployment, Evaluation
 from serving.services import replicas as serving_replicas
 from serving.services.deployments import Shape, create_deployment
+from serving.services.evaluations import create_evaluation
 from tests.conftest import fill_volume
 from tests.training.conftest import GRPO_ROWS, REWARD, drive
 from training.api import EXAMPLE_DATASET_ID
@@ -108,6 +109,9 @@ class World:
             adapters=[],
             shape=Shape(),
         )
+        self.evaluation = Evaluation.objects.filter(
+            workspace=self.workspace
+        ).first() or _evaluation(self.workspace, self.deployment.base_model)
         self.endpoint = (
             WebhookEndpoint.objects.filter(workspace=self.workspace).first()
             or webhook_services.create_endpoint(
@@ -142,6 +146,7 @@ class World:
             "name": "WANDB_API_KEY",  # a secret's
             "endpoint_id": self.endpoint.public_id,
             "deployment_id": self.deployment.public_id,
+            "evaluation_id": self.evaluation.public_id,
             "replica_id": "",  # a live replica's, set for each call by `authorize`
         }
 
@@ -172,6 +177,26 @@ class World:
 
 def _jsonl() -> bytes:
     return "".join(json.dumps(row) + "\n" for row in GRPO_ROWS).encode()
+
+
+def _evaluation(workspace, model: str) -> Evaluation:
+    """Of the served model against itself, on an uploaded file (queued: nothing commits)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from training.services.datasets import create_uploaded_dataset
+
+    upload = SimpleUploadedFile("held_out.jsonl", _jsonl())
+    dataset, _ = create_uploaded_dataset(workspace=workspace, file=upload)
+    grader = {"type": "string_check", "name": "g", "input": "{{ sample.output_text }}"}
+    grader |= {"reference": "{{ item.answer }}", "operation": "like"}
+    return create_evaluation(
+        workspace=workspace,
+        model=model,
+        baseline=model,
+        file=dataset.public_id,
+        grader=grader,
+        max_tokens=16,
+    )
 
 
 def _dataset(workspace) -> Dataset:

@@ -15,6 +15,7 @@ from worker.errors import JobFailure
 from worker.graders import (
     GraderError,
     check_grader,
+    reward_grader,
     reward_source,
     run_isolated,
     run_response,
@@ -345,6 +346,45 @@ def test_reward_source_fails_the_job_when_rows_lack_a_field_the_grader_reads():
 def test_reward_source_refuses_an_invalid_grader():
     with pytest.raises(GraderError):
         reward_source(similarity("cosine"))
+
+
+REWARDS = """
+from veri_sdk import reward_function
+
+
+@reward_function
+def says_the_answer(prompts, completions, answer, **kwargs):
+    return [float(a in c) for c, a in zip(completions, answer)]
+
+
+@reward_function
+def short(prompts, completions, **kwargs):
+    return [1.0 / (1 + len(c)) for c in completions]
+"""
+
+
+def test_a_reward_source_grades_as_training_calls_its_functions():
+    """As a python grader, reward functions score one sample as TRL's call of the worker's own
+    loaded functions scores it (text prompts: the completion as text; their scores added)."""
+    grader = reward_grader(REWARDS)
+    functions = load_rewards(REWARDS)
+    for index, text in enumerate(COMPLETIONS):
+        item = {"prompt": "What is 2 + 2?", **ROWS[index % 2]}
+        columns = {key: [value] for key, value in item.items() if key != "prompt"}
+        expected = sum(f([item["prompt"]], [text], **columns)[0] for f in functions)
+        isolated = run_isolated(grader, sample=sample_for(text), item=item)
+        assert isolated["error"] is None and isolated["reward"] == pytest.approx(expected)
+    # A chat row: its messages are the prompt, the completion the assistant's message.
+    chat = {"messages": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}
+    shapes = """
+def reward(prompts, completions, messages, **kw):
+    said = [[{"role": "assistant", "content": "4"}]]
+    return [float(prompts == messages and completions == said)]
+"""
+    assert score(reward_grader(shapes), sample=sample_for("4"), item=chat)["reward"] == 1.0
+    words = "def reward(prompts, completions, **kw):\n    return ['x']\n"
+    broken = score(reward_grader(words), sample=sample_for("4"), item=chat)
+    assert broken["reward"] == 0.0 and "not a number" in broken["error"]
 
 
 # --- a python grader on the control plane: run_isolated

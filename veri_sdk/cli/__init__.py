@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-from veri_sdk.cli import deployments, jobs, secrets, train, volumes, webhooks
+from veri_sdk.cli import deployments, evaluations, jobs, secrets, train, volumes, webhooks
 from veri_sdk.cli.output import err
 from veri_sdk.client import Client
 from veri_sdk.errors import AuthenticationError, VeriAPIError
@@ -214,6 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     dp_delete = dpc.add_parser("delete", help="stop its replicas and remove it")
     dp_delete.add_argument("id")
     dp_delete.set_defaults(run=deployments.cmd_deployments_delete)
+    ev = _json_flag(
+        commands.add_parser("eval", help="compare a model with a baseline on a file, graded")
+    )
+    ev.add_argument("--model", required=True, help="an ft: model, an adapter or a served base")
+    ev.add_argument("--baseline", required=True, help="the model to compare with")
+    ev.add_argument("--file", required=True, help="a .jsonl (uploaded), a ds_ or file- id")
+    ev.add_argument(
+        "--grader", required=True, help="an OpenAI-style grader (.json) or reward functions (.py)"
+    )
+    ev.add_argument("--max-tokens", dest="max_tokens", type=int, help="per answer (256)")
+    ev.add_argument("--no-wait", action="store_true", help="queue it and answer at once")
+    ev.add_argument("--timeout", type=float, default=3600, help="seconds to wait (3600)")
+    ev.set_defaults(run=evaluations.cmd_eval)
     return parser
 
 

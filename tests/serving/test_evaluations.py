@@ -1,0 +1,162 @@
+"""Evaluations' API: what a bad request is told (Veri's error format, naming the field), the
+rows each file format asks, workspace scoping, and the summary's arithmetic. The end-to-end run
+(models answering, the grader scoring) is tests/e2e/test_evaluations.py."""
+
+import math
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from serving.models import Evaluation
+from serving.services import evaluations
+from serving.services.deployments import Shape, create_deployment
+from tests.conftest import assert_error
+from tests.training.conftest import upload_dataset
+from veri.models import Workspace
+
+pytestmark = pytest.mark.django_db
+BASE = "Qwen/Qwen2.5-0.5B"
+OTHER = "Qwen/Qwen2.5-1.5B"
+EXACT = {
+    "type": "string_check",
+    "name": "exact",
+    "input": "{{ sample.output_text }}",
+    "reference": "{{ item.reference }}",
+    "operation": "eq",
+}
+CHAT = {
+    "messages": [
+        {"role": "user", "content": "Name a fruit."},
+        {"role": "assistant", "content": "plum"},
+    ]
+}
+
+
+@pytest.fixture
+def served(workspace, settings, local_store_url) -> dict:
+    """Two served bases (their replicas written, never launched: nothing commits here) and an
+    uploaded chat file."""
+    settings.VERI_STORE = local_store_url
+    for base in (BASE, OTHER):
+        create_deployment(workspace=workspace, base_model=base, adapters=[], shape=Shape())
+    return {"model": BASE, "baseline": OTHER, "grader": EXACT, "max_tokens": 8}
+
+
+def create(api_client, body: dict, rows: list[dict] | None = None):
+    if "file" not in body:
+        body = {**body, "file": upload_dataset(api_client, rows or [CHAT])["id"]}
+    return api_client.post("/v1/evaluations", body, format="json")
+
+
+BAD = [
+    ({"model": None}, 400, "invalid_request", "model"),
+    ({"model": "ft:nobody:deployed:this"}, 400, "model_not_found", "model"),
+    ({"baseline": "Qwen/Qwen3-8B"}, 400, "model_not_found", "baseline"),
+    ({"file": "ds_nothere"}, 404, "not_found", "file"),
+    ({"file": "file-nothere"}, 404, "not_found", "file"),
+    ({"grader": "exact"}, 400, "invalid_grader", "grader"),
+    ({"grader": {**EXACT, "operation": "sounds_like"}}, 400, "invalid_grader", "grader.operation"),
+    ({"grader": {**EXACT, "reference": "{{ env.SECRET }}"}}, 400, "invalid_grader", None),
+    ({"grader": {"type": "python", "name": "g", "source": "x ="}}, 400, "invalid_grader", None),
+    ({"grader": None}, 400, "invalid_request", "grader"),  # neither a grader nor a reward
+    (
+        {"reward_source": "def reward(completions, **kw):\n    return [1.0]\n"},
+        400,
+        "invalid_request",
+        "grader",
+    ),
+    (
+        {"grader": None, "reward_source": "def score(x): pass"},
+        400,
+        "invalid_reward",
+        "reward_source",
+    ),
+    ({"grader": None, "reward_source": "def reward(:"}, 400, "invalid_reward", "reward_source"),
+    ({"max_tokens": 0}, 400, "invalid_request", "max_tokens"),
+    ({"temperature": -1}, 400, "invalid_request", "temperature"),
+]
+
+
+@pytest.mark.parametrize(("change", "status", "code", "field"), BAD)
+def test_a_bad_request_names_its_field(api_client, served, change, status, code, field):
+    body = {k: v for k, v in {**served, **change}.items() if v is not None}
+    error = assert_error(create(api_client, body), status, code)
+    assert error["field"] == field or (field is None and error["field"].startswith("grader."))
+    assert not Evaluation.objects.exists()
+
+
+def test_a_row_that_asks_nothing_is_refused_by_its_line(api_client, served):
+    rows = [CHAT, {"text": "just text, no prompt"}]
+    error = assert_error(create(api_client, served, rows), 400, "invalid_request", "file")
+    assert "Line 2" in error["message"]
+
+
+def test_each_format_asks_its_prompt_and_the_grader_reads_the_row(api_client, served):
+    rows = [
+        CHAT,  # OpenAI chat, ending with the held-out answer
+        {"messages": [{"role": "user", "content": "Say hi."}], "reference": "hi"},
+        {"prompt": "2 + 2 =", "answer": "4"},  # Veri text prompt: /v1/completions
+    ]
+    created = create(api_client, served, rows)
+    assert created.status_code == 201, created.json()
+    evaluation = created.json()
+    assert evaluation["status"] == "queued" and evaluation["summary"] is None
+    assert evaluation["id"].startswith("eval_") and evaluation["max_tokens"] == 8
+    assert evaluation["temperature"] == 0  # greedy unless asked otherwise
+    assert (evaluation["samples_total"], evaluation["samples_scored"]) == (3, 0)
+
+    page = api_client.get(f"/v1/evaluations/{evaluation['id']}", {"limit": 2}).json()
+    assert [s["index"] for s in page["samples"]["data"]] == [0, 1]
+    first, second = page["samples"]["data"]
+    assert first["prompt"] == CHAT["messages"][:1]
+    assert first["item"] == {"messages": CHAT["messages"][:1], "reference": "plum"}
+    assert first["model_output"] is None and first["model_score"] is None
+    assert second["item"]["reference"] == "hi"  # the row's own reference
+    rest = api_client.get(
+        f"/v1/evaluations/{evaluation['id']}", {"cursor": page["samples"]["next_cursor"]}
+    ).json()["samples"]
+    assert [(s["prompt"], s["item"]) for s in rest["data"]] == [("2 + 2 =", rows[2])]
+    assert rest["next_cursor"] is None
+
+
+def test_reward_functions_grade_through_a_python_grader(api_client, served):
+    source = "def reward(prompts, completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    body = {k: v for k, v in served.items() if k != "grader"} | {"reward_source": source}
+    evaluation = create(api_client, body).json()
+    assert evaluation["reward_source"] == source and evaluation["grader"]["type"] == "python"
+
+
+def test_another_workspace_sees_no_evaluation(api_client, other_api_client, served):
+    evaluation = create(api_client, served).json()
+    path = f"/v1/evaluations/{evaluation['id']}"
+    assert api_client.get(path).status_code == 200
+    assert_error(other_api_client.get(path), 404, "not_found")
+    assert other_api_client.get("/v1/evaluations").json()["data"] == []
+    assert [e["id"] for e in api_client.get("/v1/evaluations").json()["data"]] == [evaluation["id"]]
+    # Nor can it evaluate on this workspace's file with models of its own.
+    theirs = Workspace.objects.get(name="other")
+    for base in (BASE, OTHER):
+        create_deployment(workspace=theirs, base_model=base, adapters=[], shape=Shape())
+    body = {**served, "file": evaluation["file"]}
+    response = other_api_client.post("/v1/evaluations", body, format="json")
+    assert_error(response, 404, "not_found", "file")
+
+
+def test_the_summary_follows_from_the_scores():
+    scores = [1.0, 0.0, 1.0, 1.0]
+    found = evaluations.mean_interval(scores)
+    half = 1.959963984540054 * math.sqrt(0.25) / 2  # s = 0.5 over n = 4
+    assert found == pytest.approx({"mean": 0.75, "ci_low": 0.75 - half, "ci_high": 0.75 + half})
+    assert evaluations.mean_interval([0.4]) == {"mean": 0.4, "ci_low": 0.4, "ci_high": 0.4}
+
+
+def test_an_evaluation_that_lost_its_task_is_queued_again_once(api_client, served):
+    evaluation = Evaluation.objects.get(public_id=create(api_client, served).json()["id"])
+    now = timezone.now()
+    assert evaluations.resume_stalled(now=now) == 0  # just queued: its task is on its way
+    later = now + timedelta(seconds=evaluations.STALLED_SECONDS + 1)
+    assert evaluations.resume_stalled(now=later) == 1
+    assert evaluations.resume_stalled(now=later) == 0  # claimed: queued once
+    Evaluation.objects.filter(pk=evaluation.pk).update(status="succeeded")
+    assert evaluations.resume_stalled(now=later + timedelta(hours=1)) == 0

@@ -1,0 +1,80 @@
+"""`client.evaluations`: compare a model with a baseline on a held-out file, one grader scoring
+both models' answers (`/v1/evaluations`). Evaluations are the API's own objects (dicts)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from veri_sdk.errors import VeriAPIError
+from veri_sdk.http import ApiTransport
+
+FINISHED = ("succeeded", "failed")
+
+
+class Evaluations:
+    def __init__(self, api: ApiTransport, datasets):
+        self.api = api
+        self.datasets = datasets
+
+    def create(
+        self,
+        *,
+        model: str,
+        baseline: str,
+        file: str | Path,
+        grader: dict | None = None,
+        reward_source: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> dict:
+        """Queue an evaluation of `model` against `baseline` (each an `ft:` model, an adapter's
+        name or a base model a deployment serves). `file`: a dataset id (`ds_…`), an OpenAI
+        fine-tune file id (`file-…`), or a local JSONL path, uploaded first. Scored by `grader`
+        (an OpenAI-style grader object: string_check, text_similarity, python, multi) or by the
+        GRPO reward functions of `reward_source`."""
+        if isinstance(file, Path) or Path(file).is_file():
+            file = self.datasets.upload(file).id
+        body = {"model": model, "baseline": baseline, "file": file}
+        if grader is not None:
+            body["grader"] = grader
+        if reward_source is not None:
+            body["reward_source"] = reward_source
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if temperature is not None:
+            body["temperature"] = temperature
+        return self.api.request("POST", "/evaluations", json=body)
+
+    def get(
+        self, evaluation_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> dict:
+        """The evaluation and a page of its samples (`samples: {data, next_cursor}`)."""
+        params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
+        return self.api.request("GET", f"/evaluations/{evaluation_id}", params=params or None)
+
+    def samples(self, evaluation_id: str) -> list[dict]:
+        """Every sample, in the file's order: prompt, both outputs, both scores."""
+        found, cursor = [], None
+        while True:
+            page = self.get(evaluation_id, limit=200, cursor=cursor)["samples"]
+            found += page["data"]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return found
+
+    def list(self) -> list[dict]:
+        return list(self.api.paginate("/evaluations"))
+
+    def wait(self, evaluation_id: str, *, timeout: float = 3600, poll: float = 2.0) -> dict:
+        """The evaluation once `succeeded` or `failed` (its `error` says why); VeriAPIError
+        `wait_timeout` when neither came within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            evaluation = self.get(evaluation_id, limit=1)
+            if evaluation["status"] in FINISHED:
+                return evaluation
+            if time.monotonic() >= deadline:
+                message = f"{evaluation_id} is still {evaluation['status']} after {timeout} s."
+                raise VeriAPIError(0, "wait_timeout", message)
+            time.sleep(poll)
