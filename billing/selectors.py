@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from billing.models import JobBilling, LedgerEntry
@@ -11,6 +11,8 @@ from providers import catalog
 from training.hooks import JobEntry, JobMoney
 from training.models import TERMINAL, TrainingJob
 from veri.models import Workspace
+
+K = LedgerEntry.Kind
 
 
 def list_ledger(*, workspace: Workspace) -> QuerySet[LedgerEntry]:
@@ -91,3 +93,15 @@ def unbilled(*, workspace: Workspace, now: datetime | None = None) -> Unbilled:
         first_hour = gpu.price_per_gpu_hour_micros * job.gpu_count if gpu else 0
         accrued, held = accrued + cost, held + max(first_hour, cost)
     return Unbilled(accrued_micros=accrued, held_micros=held)
+
+
+def spend_micros(*, workspace: Workspace) -> dict[str, int]:
+    """What the workspace has been charged, by what for (credits back are in the ledger)."""
+    kinds = {K.JOB_CHARGE: "jobs", K.DEPLOYMENT_CHARGE: "deployments", K.STORAGE_CHARGE: "storage"}
+    totals = dict(
+        LedgerEntry.objects.filter(workspace=workspace, kind__in=list(kinds))
+        .values("kind")
+        .annotate(total=Sum("amount_micros"))
+        .values_list("kind", "total")
+    )
+    return {name: -(totals.get(kind) or 0) for kind, name in kinds.items()}

@@ -12,6 +12,7 @@ from openai_api import errors, objects, selectors
 from openai_api.models import File, FineTuningJob
 from openai_api.services import files as file_services
 from openai_api.services import jobs as job_services
+from serving import selectors as serving_selectors
 from veri.api import WorkspaceView, query_int
 from veri.errors import VeriError
 from worker import graders
@@ -198,6 +199,15 @@ class ModelsView(OpenAIView):
             )
             for ft in selectors.succeeded_jobs(workspace=self.workspace).order_by("-pk")
         ]
+        # What the workspace's deployments serve besides: a base outside the list, a checkpoint.
+        listed = {m["id"] for m in data}
+        data += [
+            objects.model_object(name, created=deployment.created_at, owned_by=self.workspace.name)
+            for name, deployment in serving_selectors.served_models(
+                workspace=self.workspace
+            ).items()
+            if name not in listed
+        ]
         return Response({"object": "list", "data": data})
 
 
@@ -206,6 +216,13 @@ class ModelView(OpenAIView):
     def get(self, request: Request, model: str) -> Response:
         if model in settings.VERI_BASE_MODELS:
             return Response(objects.model_object(model, created=None, owned_by="veri"))
+        deployment = serving_selectors.served_models(workspace=self.workspace).get(model)
+        if deployment is not None and not model.startswith("ft:"):
+            return Response(
+                objects.model_object(
+                    model, created=deployment.created_at, owned_by=self.workspace.name
+                )
+            )
         ft = selectors.get_fine_tuned(workspace=self.workspace, model=model)
         return Response(
             objects.model_object(model, created=ft.job.finished_at, owned_by=ft.workspace.name)

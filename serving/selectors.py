@@ -2,7 +2,7 @@
 
 from django.db.models import QuerySet
 
-from serving.models import Deployment, DeploymentEvent, DeploymentStatus, Replica, ReplicaStatus
+from serving.models import Deployment, DeploymentEvent, DeploymentStatus
 from veri.errors import NotFound
 from veri.models import Workspace
 
@@ -30,10 +30,11 @@ def serving(*, workspace: Workspace, model: str) -> Deployment | None:
     return found[0] if found else None
 
 
-def ready_replica(*, deployment: Deployment) -> Replica | None:
-    return (
-        deployment.replicas.filter(status=ReplicaStatus.READY)
-        .exclude(url="")
-        .order_by("?")  # spread requests over the ready replicas
-        .first()
-    )
+def served_models(*, workspace: Workspace) -> dict[str, Deployment]:
+    """Every name the workspace's deployments answer to (bases and adapters), but a failed
+    one's, each with its newest deployment."""
+    served: dict[str, Deployment] = {}
+    for deployment in list_deployments(workspace=workspace).exclude(status=DeploymentStatus.FAILED):
+        for name in sorted(deployment.served_names()):
+            served.setdefault(name, deployment)
+    return served
