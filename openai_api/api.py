@@ -14,7 +14,7 @@ from openai_api.services import files as file_services
 from openai_api.services import jobs as job_services
 from serving import selectors as serving_selectors
 from veri.api import WorkspaceView, query_int
-from veri.errors import VeriError
+from veri.errors import NotFound, VeriError
 from worker import graders
 
 # OpenAI's own API reference is these routes' contract (and the `openai` client their test):
@@ -216,14 +216,17 @@ class ModelView(OpenAIView):
     def get(self, request: Request, model: str) -> Response:
         if model in settings.VERI_BASE_MODELS:
             return Response(objects.model_object(model, created=None, owned_by="veri"))
-        deployment = serving_selectors.served_models(workspace=self.workspace).get(model)
-        if deployment is not None and not model.startswith("ft:"):
+        try:
+            ft = selectors.get_fine_tuned(workspace=self.workspace, model=model)
+        except NotFound:  # a name only a deployment answers to: a base, a checkpoint
+            deployment = serving_selectors.served_models(workspace=self.workspace).get(model)
+            if deployment is None:
+                raise
             return Response(
                 objects.model_object(
                     model, created=deployment.created_at, owned_by=self.workspace.name
                 )
             )
-        ft = selectors.get_fine_tuned(workspace=self.workspace, model=model)
         return Response(
             objects.model_object(model, created=ft.job.finished_at, owned_by=ft.workspace.name)
         )

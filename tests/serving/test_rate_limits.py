@@ -104,3 +104,22 @@ def test_tokens_per_minute_count_the_prompt_and_max_tokens(live_server, api_clie
     assert int(limited.headers["x-ratelimit-remaining-tokens"]) < 600
     small = post(live_server, api_client.raw_key, BODY | {"max_tokens": 10})
     assert small.status_code == 404  # what is left still takes a small request
+
+
+def test_an_operator_sets_a_workspaces_limits_in_the_admin(api_client, workspace):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    User.objects.create_superuser("op", "op@example.com", "pw")
+    admin = Client()
+    admin.login(username="op", password="pw")
+    added = admin.post(
+        "/admin/serving/ratelimit/add/",
+        {"workspace": workspace.pk, "requests_per_minute": 3, "tokens_per_minute": ""},
+    )
+    assert added.status_code == 302, added.content.decode()[:2000]
+    answer = api_client.post("/v1/chat/completions", BODY, format="json")
+    assert answer.status_code == 404
+    assert answer["x-ratelimit-limit-requests"] == "3"
+    assert answer["x-ratelimit-remaining-requests"] == "2"
+    assert answer["x-ratelimit-limit-tokens"] == "1000000"  # the setting's: no override
