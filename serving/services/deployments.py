@@ -175,6 +175,7 @@ def update_deployment(
     deployment.save()
     states.record_event(deployment=deployment, type="updated", detail=fields)
     if deployment.min_replicas and not deployment.replicas.filter(status__in=REPLICA_LIVE):
+        hooks.require_funds(workspace=deployment.workspace)
         replicas.start_replica(deployment=deployment)
         deployment.refresh_from_db()
     return deployment
