@@ -36,6 +36,14 @@ BillingOut = inline_serializer(
         "low_balance": serializers.BooleanField(),
         "payments_enabled": serializers.BooleanField(),
         "currency": serializers.CharField(),
+        "spend_usd": inline_serializer(
+            "Spend",
+            {
+                "jobs": serializers.CharField(),
+                "deployments": serializers.CharField(),
+                "storage": serializers.CharField(),
+            },
+        ),
     },
 )
 
@@ -54,6 +62,11 @@ class BillingView(WorkspaceView):
                 ),
                 "payments_enabled": stripe_gateway.payments_enabled(),
                 "currency": "usd",
+                # Charged so far, by what for; credits back are the ledger's refund_credit rows.
+                "spend_usd": {
+                    name: money.usd(micros)
+                    for name, micros in selectors.spend_micros(workspace=self.workspace).items()
+                },
             }
         )
 

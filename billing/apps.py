@@ -10,8 +10,8 @@ class BillingConfig(AppConfig):
         from training.hooks import register_money
 
         register_money(TrainingMoney())
-        # Serving's replicas' uptime, the same way.
-        from billing.services import charge_deployment_uptime
-        from serving.hooks import register_uptime_charge
+        # Serving's replicas' uptime and funds, the same way.
+        from billing.hooks import ServingMoney
+        from serving.hooks import register_money as register_serving_money
 
-        register_uptime_charge(charge_deployment_uptime)
+        register_serving_money(ServingMoney())

@@ -39,3 +39,19 @@ class TrainingMoney:
 
     def split_run(self, **run) -> tuple[int, int]:
         return jobs.split_run(**run)
+
+
+class ServingMoney:
+    """Billing's answers to serving's money hook (`serving.hooks.Money`)."""
+
+    def charge_uptime(self, **entry) -> None:
+        services.charge_deployment_uptime(**entry)
+
+    def credit_uptime(self, **entry) -> None:
+        services.credit_deployment_uptime(**entry)
+
+    def require_funds(self, *, workspace: Workspace) -> None:
+        services.require_serving_funds(workspace=workspace)
+
+    def out_of_funds(self, *, accrued_micros: dict[int, int]) -> set[int]:
+        return services.workspaces_spent(accrued_micros=accrued_micros)

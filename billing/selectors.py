@@ -12,6 +12,8 @@ from training.hooks import JobEntry, JobMoney
 from training.models import TERMINAL, TrainingJob
 from veri.models import Workspace
 
+K = LedgerEntry.Kind
+
 
 def list_ledger(*, workspace: Workspace) -> QuerySet[LedgerEntry]:
     return LedgerEntry.objects.filter(workspace=workspace).select_related("job")
@@ -122,3 +124,15 @@ def unbilled(*, workspace: Workspace, now: datetime | None = None) -> Unbilled:
         first_hour = gpu.price_per_gpu_hour_micros * job.gpu_count if gpu else 0
         accrued, held = accrued + cost, held + max(first_hour, cost)
     return Unbilled(accrued_micros=accrued, held_micros=held)
+
+
+def spend_micros(*, workspace: Workspace) -> dict[str, int]:
+    """What the workspace has been charged, by what for (credits back are in the ledger)."""
+    kinds = {K.JOB_CHARGE: "jobs", K.DEPLOYMENT_CHARGE: "deployments", K.STORAGE_CHARGE: "storage"}
+    totals = dict(
+        LedgerEntry.objects.filter(workspace=workspace, kind__in=list(kinds))
+        .values("kind")
+        .annotate(total=Sum("amount_micros"))
+        .values_list("kind", "total")
+    )
+    return {name: -(totals.get(kind) or 0) for kind, name in kinds.items()}

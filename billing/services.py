@@ -94,6 +94,52 @@ def charge_deployment_uptime(
     )
 
 
+def credit_deployment_uptime(
+    *, workspace: Workspace, amount_micros: int, key: str, description: str
+) -> None:
+    """Serving's hook: uptime of a replica the platform lost, credited back once per key."""
+    record_entry(
+        workspace=workspace,
+        kind=LedgerEntry.Kind.REFUND_CREDIT,
+        amount_micros=amount_micros,
+        key=key,
+        description=description,
+    )
+
+
+def require_serving_funds(*, workspace: Workspace) -> None:
+    """Serving's hook, before a deployment is created or a request wakes or reaches a replica:
+    402 without an account or with a spent balance (its deployments are stopped meanwhile)."""
+    if not BillingAccount.objects.filter(workspace=workspace).exists():
+        raise PaymentRequired(
+            "This workspace has no billing account; add one before deploying models."
+        )
+    balance = balance_micros(workspace=workspace)
+    if balance <= 0:
+        raise PaymentRequired(
+            f"The balance is {usd(balance)} USD: this workspace's deployments are stopped. "
+            "Top up (veri billing top-up AMOUNT); the next request wakes them.",
+            code="insufficient_balance",
+            balance_usd=usd(balance),
+        )
+
+
+def _balances(workspace_ids) -> dict[int, int]:
+    return dict(
+        LedgerEntry.objects.filter(workspace_id__in=list(workspace_ids))
+        .values("workspace_id")
+        .annotate(total=Sum("amount_micros"))
+        .values_list("workspace_id", "total")
+    )
+
+
+def workspaces_spent(*, accrued_micros: dict[int, int]) -> set[int]:
+    """Of the workspaces given (id → what is accrued and not charged yet), those whose balance
+    less that is at or below zero."""
+    balances = _balances(accrued_micros)
+    return {ws for ws, owed in accrued_micros.items() if balances.get(ws, 0) - owed <= 0}
+
+
 def balance_micros(*, workspace: Workspace) -> int:
     total = LedgerEntry.objects.filter(workspace=workspace).aggregate(total=Sum("amount_micros"))
     return total["total"] or 0
@@ -114,13 +160,7 @@ def workspaces_out_of_money(*, accrued_micros: dict[int, int], now) -> set[int]:
     """Of the workspaces with running jobs (id → what those jobs accrued, not yet charged), the
     ones whose balance less that has been at or below zero for `VERI_BALANCE_GRACE_SECONDS`.
     When each ran out is kept on its account, and cleared once it has money again."""
-    balances = dict(
-        LedgerEntry.objects.filter(workspace_id__in=list(accrued_micros))
-        .values("workspace_id")
-        .annotate(total=Sum("amount_micros"))
-        .values_list("workspace_id", "total")
-    )
-    out = [ws for ws, owed in accrued_micros.items() if balances.get(ws, 0) - owed <= 0]
+    out = list(workspaces_spent(accrued_micros=accrued_micros))
     accounts = BillingAccount.objects.filter(workspace_id__in=list(accrued_micros))
     accounts.filter(workspace_id__in=out, exhausted_since__isnull=True).update(exhausted_since=now)
     accounts.exclude(workspace_id__in=out).filter(exhausted_since__isnull=False).update(

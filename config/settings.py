@@ -378,6 +378,13 @@ VERI_REPLICA_HEARTBEAT_SECONDS = env.int("VERI_REPLICA_HEARTBEAT_SECONDS", defau
 VERI_REPLICA_SILENT_SECONDS = env.int("VERI_REPLICA_SILENT_SECONDS", default=120)
 VERI_REPLICA_START_TIMEOUT_SECONDS = env.int("VERI_REPLICA_START_TIMEOUT_SECONDS", default=900)
 VERI_DEPLOYMENT_CHARGE_SECONDS = env.int("VERI_DEPLOYMENT_CHARGE_SECONDS", default=3600)
+# Scaling up: a deployment gets another replica (up to its max_replicas) once its in-flight
+# requests (queued and running) per ready replica stay over the target for the window.
+VERI_SERVING_TARGET_INFLIGHT = env.int("VERI_SERVING_TARGET_INFLIGHT", default=4)
+VERI_SERVING_SCALE_WINDOW_SECONDS = env.float("VERI_SERVING_SCALE_WINDOW_SECONDS", default=30.0)
+# Each workspace's inference rate limits (an operator overrides them per workspace in the admin).
+VERI_RATE_LIMIT_REQUESTS_PER_MINUTE = env.int("VERI_RATE_LIMIT_REQUESTS_PER_MINUTE", default=600)
+VERI_RATE_LIMIT_TOKENS_PER_MINUTE = env.int("VERI_RATE_LIMIT_TOKENS_PER_MINUTE", default=1_000_000)
 VERI_LOG_ARCHIVE_SECONDS = env.int("VERI_LOG_ARCHIVE_SECONDS", default=10)
 # A job's whole log, in bytes: past it, lines are dropped (one marker line says so).
 VERI_MAX_LOG_BYTES = env.int("VERI_MAX_LOG_BYTES", default=100 * 1024**2)

@@ -12,8 +12,9 @@ from openai_api import errors, objects, selectors
 from openai_api.models import File, FineTuningJob
 from openai_api.services import files as file_services
 from openai_api.services import jobs as job_services
+from serving import selectors as serving_selectors
 from veri.api import WorkspaceView, query_int
-from veri.errors import VeriError
+from veri.errors import NotFound, VeriError
 from worker import graders
 
 # OpenAI's own API reference is these routes' contract (and the `openai` client their test):
@@ -198,6 +199,15 @@ class ModelsView(OpenAIView):
             )
             for ft in selectors.succeeded_jobs(workspace=self.workspace).order_by("-pk")
         ]
+        # What the workspace's deployments serve besides: a base outside the list, a checkpoint.
+        listed = {m["id"] for m in data}
+        data += [
+            objects.model_object(name, created=deployment.created_at, owned_by=self.workspace.name)
+            for name, deployment in serving_selectors.served_models(
+                workspace=self.workspace
+            ).items()
+            if name not in listed
+        ]
         return Response({"object": "list", "data": data})
 
 
@@ -206,7 +216,17 @@ class ModelView(OpenAIView):
     def get(self, request: Request, model: str) -> Response:
         if model in settings.VERI_BASE_MODELS:
             return Response(objects.model_object(model, created=None, owned_by="veri"))
-        ft = selectors.get_fine_tuned(workspace=self.workspace, model=model)
+        try:
+            ft = selectors.get_fine_tuned(workspace=self.workspace, model=model)
+        except NotFound:  # a name only a deployment answers to: a base, a checkpoint
+            deployment = serving_selectors.served_models(workspace=self.workspace).get(model)
+            if deployment is None:
+                raise
+            return Response(
+                objects.model_object(
+                    model, created=deployment.created_at, owned_by=self.workspace.name
+                )
+            )
         return Response(
             objects.model_object(model, created=ft.job.finished_at, owned_by=ft.workspace.name)
         )

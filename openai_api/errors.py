@@ -17,7 +17,9 @@ def as_openai(body: dict, status: int) -> dict:
     code = error.get("code")
     if status == 401:
         code = "invalid_api_key"
-    kind = TYPES.get(status) or ("server_error" if status >= 500 else "invalid_request_error")
+    # A rate limit names the limit it hit (`requests`, `tokens`) as its type, as OpenAI does.
+    kind = (error.get("type") if status == 429 else None) or TYPES.get(status)
+    kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
     return {
         "error": {
             "message": error.get("message", ""),

@@ -1,12 +1,21 @@
 from django.contrib import admin
 
-from serving.models import Deployment, DeploymentEvent, Replica
+from serving.models import Deployment, DeploymentEvent, RateLimit, Replica
 
 
 class ReplicaInline(admin.TabularInline):
     model = Replica
     extra = 0
-    fields = ["public_id", "status", "external_id", "url", "ready_at", "stopped_at", "error_code"]
+    fields = [
+        "public_id",
+        "status",
+        "external_id",
+        "url",
+        "requests",
+        "ready_at",
+        "stopped_at",
+        "error_code",
+    ]
     readonly_fields = fields
     can_delete = False
     max_num = 0
@@ -38,3 +47,16 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(RateLimit)
+class RateLimitAdmin(admin.ModelAdmin):
+    """An operator's override of a workspace's inference rate limits (empty: the settings')."""
+
+    list_display = ["workspace", "requests_per_minute", "tokens_per_minute"]
+    search_fields = ["workspace__name", "workspace__public_id"]
+    fields = ["workspace", "requests_per_minute", "tokens_per_minute"]
+    autocomplete_fields = ["workspace"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["workspace"] if obj else []

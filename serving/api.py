@@ -49,7 +49,7 @@ class DeploymentOut(serializers.ModelSerializer):
 
     def get_replicas(self, deployment: Deployment) -> list[dict]:
         return [
-            {"id": r.public_id, "status": r.status, "ready_at": r.ready_at}
+            {"id": r.public_id, "status": r.status, "ready_at": r.ready_at, "requests": r.requests}
             for r in deployment.replicas.order_by("-pk")[:20]
         ]
 

@@ -1,20 +1,58 @@
-"""What serving asks of the money floor above it, without importing it: billing registers how a
-replica's uptime is charged when the app loads (`billing.apps.BillingConfig.ready`), as it does
-training's money hook, so the import graph keeps pointing down."""
+"""What serving asks of the money floor above it, without importing it: billing registers its
+answers when the app loads (`billing.apps.BillingConfig.ready`), as it does training's money
+hook, so the import graph keeps pointing down. Serving reports facts (uptime, a replica lost by
+the platform, what its replicas accrued); billing decides what they cost."""
 
-from collections.abc import Callable
+from typing import Protocol
 
 from veri.models import Workspace
 
-_charge: Callable[..., None] | None = None
+
+class Money(Protocol):
+    def charge_uptime(
+        self, *, workspace: Workspace, amount_micros: int, key: str, description: str
+    ) -> None: ...
+
+    def credit_uptime(
+        self, *, workspace: Workspace, amount_micros: int, key: str, description: str
+    ) -> None: ...
+
+    def require_funds(self, *, workspace: Workspace) -> None: ...
+
+    def out_of_funds(self, *, accrued_micros: dict[int, int]) -> set[int]: ...
 
 
-def register_uptime_charge(charge: Callable[..., None]) -> None:
-    global _charge
-    _charge = charge
+_money: Money | None = None
+
+
+def register_money(money: Money) -> None:
+    global _money
+    _money = money
 
 
 def charge_uptime(*, workspace: Workspace, amount_micros: int, key: str, description: str) -> None:
     """Charge `amount_micros` of replica uptime once per `key` (a rerun changes nothing)."""
-    if _charge is not None:
-        _charge(workspace=workspace, amount_micros=amount_micros, key=key, description=description)
+    if _money is not None:
+        _money.charge_uptime(
+            workspace=workspace, amount_micros=amount_micros, key=key, description=description
+        )
+
+
+def credit_uptime(*, workspace: Workspace, amount_micros: int, key: str, description: str) -> None:
+    """Credit back uptime the catalog says the platform owes (a replica it lost), once per key."""
+    if _money is not None:
+        _money.credit_uptime(
+            workspace=workspace, amount_micros=amount_micros, key=key, description=description
+        )
+
+
+def require_funds(*, workspace: Workspace) -> None:
+    """Raise PaymentRequired (402) unless the workspace may run replicas now."""
+    if _money is not None:
+        _money.require_funds(workspace=workspace)
+
+
+def out_of_funds(*, accrued_micros: dict[int, int]) -> set[int]:
+    """Of the workspaces given (id → what their replicas accrued, not charged yet), those whose
+    balance is spent."""
+    return _money.out_of_funds(accrued_micros=accrued_micros) if _money is not None else set()

@@ -1,5 +1,6 @@
 """Deployments (a base model plus adapters, served by replicas), their replicas and events."""
 
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -37,6 +38,8 @@ class Deployment(models.Model):
     error_message = models.TextField(blank=True)
     error_attribution = models.CharField(max_length=20, blank=True)
     last_active_at = models.DateTimeField(null=True)  # its last request, or when it became ready
+    # Since when its in-flight requests per ready replica have been over the target (null: not).
+    loaded_since = models.DateTimeField(null=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -88,6 +91,7 @@ class Replica(models.Model):
     # nothing), at least hourly and when it stops, up to `charged_until`.
     price_per_hour_micros = models.PositiveBigIntegerField(default=0)
     charged_until = models.DateTimeField(null=True)
+    requests = models.PositiveBigIntegerField(default=0)  # routed to it, for the spread's sake
 
     def __str__(self) -> str:
         return f"{self.public_id} ({self.status})"
@@ -176,3 +180,42 @@ class EvaluationSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.evaluation_id}#{self.index}"
+
+
+class InflightRequest(models.Model):
+    """An inference request the router holds: queued (no replica yet) or forwarded to `replica`.
+    A row, not a counter in one web process's memory: every web process sees the others', and a
+    process that crashed mid-request leaves rows that stop counting at `expires_at` (a running
+    stream pushes it on as it goes)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="inflight")
+    replica = models.ForeignKey(
+        Replica, on_delete=models.CASCADE, null=True, related_name="inflight"
+    )
+    started_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"request on {self.replica_id or 'queue'} since {self.started_at}"
+
+
+class RateLimit(models.Model):
+    """A workspace's inference rate limits, as token buckets (GCRA): each bucket is full again
+    at its theoretical arrival time (`*_full_at`, epoch seconds), which every admitted request
+    pushes on by its cost. The operator's override of the settings' defaults is here too."""
+
+    workspace = models.OneToOneField(
+        Workspace, on_delete=models.CASCADE, related_name="rate_limit", primary_key=True
+    )
+    # Null: VERI_RATE_LIMIT_REQUESTS_PER_MINUTE / VERI_RATE_LIMIT_TOKENS_PER_MINUTE.
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    requests_full_at = models.FloatField(default=0)
+    tokens_full_at = models.FloatField(default=0)
+
+    def __str__(self) -> str:
+        return f"rate limits of {self.workspace}"

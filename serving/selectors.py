@@ -43,15 +43,6 @@ def serving(*, workspace: Workspace, model: str) -> Deployment | None:
     return found[0] if found else None
 
 
-def ready_replica(*, deployment: Deployment) -> Replica | None:
-    return (
-        deployment.replicas.filter(status=ReplicaStatus.READY)
-        .exclude(url="")
-        .order_by("?")  # spread requests over the ready replicas
-        .first()
-    )
-
-
 def uncharged_micros(*, replicas: Iterable[Replica], now: datetime) -> int:
     """What the ready ones of a deployment's `replicas` have run up since each was last charged
     (the ledger has the rest): a running deployment's cost so far is both."""
@@ -99,3 +90,13 @@ def evaluation_dataset(*, workspace: Workspace, file: str) -> Dataset:
             field="file",
         )
     return dataset
+
+
+def served_models(*, workspace: Workspace) -> dict[str, Deployment]:
+    """Every name the workspace's deployments answer to (bases and adapters), but a failed
+    one's, each with its newest deployment."""
+    served: dict[str, Deployment] = {}
+    for deployment in list_deployments(workspace=workspace).exclude(status=DeploymentStatus.FAILED):
+        for name in sorted(deployment.served_names()):
+            served.setdefault(name, deployment)
+    return served

@@ -1,12 +1,12 @@
 """django-q2 tasks for serving: launching a replica's machine, and the minute schedule that
-fails dead replicas, scales idle deployments to `min_replicas` and charges running replicas;
-running an evaluation, and the minute schedule queueing again the evaluations that lost their
-task.
+fails dead replicas, stops the deployments of workspaces out of money, scales loaded
+deployments up and idle ones down to `min_replicas`, and charges running replicas; running an
+evaluation, and the minute schedule queueing again the evaluations that lost their task.
 Each is idempotent and safe to run twice or concurrently."""
 
 from django.utils import timezone
 
-from serving.services import evaluations, replicas
+from serving.services import evaluations, replicas, scaling
 
 
 def launch_replica(*, replica_id: int) -> str:
@@ -17,6 +17,8 @@ def watch_deployments() -> dict[str, int]:
     now = timezone.now()
     return {
         "failed": replicas.check_health(now=now),
+        "unfunded": replicas.stop_unfunded(now=now),
+        "scaled_up": scaling.scale_loaded(now=now),
         "scaled_down": replicas.scale_idle(now=now),
         "charged": replicas.charge_running(now=now),
     }

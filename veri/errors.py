@@ -39,6 +39,16 @@ class PaymentRequired(VeriError):
     status, code = 402, "billing_account_required"
 
 
+class TooManyRequests(VeriError):
+    """Over a rate limit: 429, with `headers` saying what is left and when to retry."""
+
+    status, code = 429, "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, headers: dict[str, str], **extra):
+        super().__init__(message, **extra)
+        self.headers = headers
+
+
 class Forbidden(VeriError):
     status, code = 403, "forbidden"
 
@@ -104,6 +114,9 @@ def exception_handler(exc, context):
         response = Response(exc.as_body(), status=exc.status)
         if isinstance(exc, ServiceUnavailable):
             response["Retry-After"] = str(exc.retry_after_seconds)
+        if isinstance(exc, TooManyRequests):
+            for name, value in exc.headers.items():
+                response[name] = value
         return response
     # Imported here: DRF's views module reads the authentication settings as it loads, and those
     # import this module (through the stores' KeyRefused, an error of ours).

@@ -7,9 +7,10 @@ from django.db import transaction
 
 from providers import catalog
 from providers.services import is_usable
+from serving import hooks
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus
 from serving.services import replicas, states
-from training import hooks
+from training import hooks as training_hooks
 from training.models import Checkpoint
 from veri.errors import Conflict, VeriError
 from veri.models import Workspace
@@ -36,7 +37,7 @@ class Shape:
 def resolve_adapter(*, workspace: Workspace, name: str, field: str) -> tuple[str, Checkpoint]:
     """An adapter's name (an `ft:` model of this workspace, or a checkpoint id) as the base it
     was trained on and the checkpoint holding it."""
-    found = hooks.fine_tuned_model(workspace=workspace, name=name)
+    found = training_hooks.fine_tuned_model(workspace=workspace, name=name)
     if found is None:
         checkpoint = (
             Checkpoint.objects.filter(workspace=workspace, public_id=name)
@@ -127,6 +128,7 @@ def create_deployment(
     replica starts at once; it scales to `min_replicas` after `idle_timeout_seconds`."""
     _check_shape(shape)
     provider, gpu_type, region = _placement(shape)
+    hooks.require_funds(workspace=workspace)  # its first replica starts at once
     base_model, resolved = _adapters(workspace=workspace, base_model=base_model, names=adapters)
     deployment = Deployment.objects.create(
         workspace=workspace,
@@ -173,6 +175,7 @@ def update_deployment(
     deployment.save()
     states.record_event(deployment=deployment, type="updated", detail=fields)
     if deployment.min_replicas and not deployment.replicas.filter(status__in=REPLICA_LIVE):
+        hooks.require_funds(workspace=deployment.workspace)
         replicas.start_replica(deployment=deployment)
         deployment.refresh_from_db()
     return deployment

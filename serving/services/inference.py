@@ -1,7 +1,8 @@
-"""The inference router: a request for `model` goes to a ready replica of the workspace's
-deployment serving it, its answer streamed through as it comes (never buffered). A model with
-no ready replica is woken and the request told to retry (503, `Retry-After`), after waiting up
-to VERI_SERVING_WAIT_SECONDS for it."""
+"""The inference router: a request for `model` goes to the ready replica with the fewest
+requests in flight of the workspace's deployment serving it, its answer streamed through as it
+comes (never buffered). A model with no ready replica is woken and the request told to retry
+(503, `Retry-After`), after waiting up to VERI_SERVING_WAIT_SECONDS for it. A workspace whose
+balance is spent gets 402 and wakes nothing."""
 
 import contextlib
 import json
@@ -13,9 +14,9 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
-from serving import selectors
-from serving.models import Deployment, DeploymentStatus, Replica
-from serving.services import replicas, states
+from serving import hooks, selectors
+from serving.models import Deployment, DeploymentStatus, InflightRequest
+from serving.services import replicas, scaling, states
 from veri.errors import NotFound, ServiceUnavailable, VeriError
 from veri.models import Workspace
 
@@ -35,7 +36,9 @@ class ModelStarting(ServiceUnavailable):
     retry_after_seconds = 5
 
 
-def route(*, workspace: Workspace, model: str) -> Replica:
+def route(*, workspace: Workspace, model: str) -> InflightRequest:
+    """The request held for `model`, assigned to a ready replica (`.replica`); the caller
+    forwards it, which releases it."""
     deployment = selectors.serving(workspace=workspace, model=model)
     if deployment is None:
         raise NotFound(
@@ -51,13 +54,25 @@ def route(*, workspace: Workspace, model: str) -> Replica:
             field="model",
             code="deployment_failed",
         )
+    hooks.require_funds(workspace=workspace)
+    held = scaling.hold(deployment=deployment)  # queued: it counts towards the load from here
+    try:
+        return _assign(held, deployment, model)
+    except BaseException:
+        scaling.release(held=held)
+        raise
+
+
+def _assign(held: InflightRequest, deployment: Deployment, model: str) -> InflightRequest:
     deadline = time.monotonic() + settings.VERI_SERVING_WAIT_SECONDS
     woken = False
     while True:
-        replica = selectors.ready_replica(deployment=deployment)
+        replica = scaling.least_loaded(deployment=deployment)
         if replica is not None:
+            scaling.assign(held=held, replica=replica)
             _active(deployment)
-            return replica
+            scaling.scale_up(deployment_id=deployment.pk, now=timezone.now())
+            return held
         if not woken:
             replicas.start_replica(deployment=deployment)  # scale from zero (or the one starting)
             woken = True
@@ -75,10 +90,12 @@ def _active(deployment: Deployment) -> None:
     Deployment.objects.filter(pk=deployment.pk).update(last_active_at=timezone.now())
 
 
-def forward(*, replica: Replica, path: str, body: bytes) -> HttpResponse:
-    """POST `body` to the replica's `path`, answering with its status and bytes as they come.
-    A replica that cannot be reached is failed (the next request starts another) and the request
-    told to retry."""
+def forward(*, held: InflightRequest, path: str, body: bytes) -> HttpResponse:
+    """POST `body` to the held request's replica's `path`, answering with its status and bytes
+    as they come; the request is released when its answer ends (or its client goes). A replica
+    that cannot be reached is failed (the next request starts another) and the request told to
+    retry."""
+    replica = held.replica
     client = httpx.Client(
         timeout=httpx.Timeout(settings.VERI_SERVING_READ_TIMEOUT_SECONDS, connect=5)
     )
@@ -92,6 +109,7 @@ def forward(*, replica: Replica, path: str, body: bytes) -> HttpResponse:
         upstream = client.send(request, stream=True)
     except httpx.TransportError as exc:
         client.close()
+        scaling.release(held=held)
         replicas.fail_replica(replica=replica, code="replica_failed", message=f"unreachable: {exc}")
         with contextlib.suppress(states.InvalidTransition):  # failed meanwhile: retries say so
             replicas.start_replica(deployment=replica.deployment)
@@ -105,11 +123,15 @@ def forward(*, replica: Replica, path: str, body: bytes) -> HttpResponse:
 
     def chunks() -> Iterator[bytes]:
         tail, whole = b"", True
+        renewed = time.monotonic()
         try:
             try:
                 for chunk in upstream.iter_raw():
                     tail = (tail + chunk)[-512:]
                     yield chunk
+                    if time.monotonic() - renewed > scaling.lease().total_seconds() / 2:
+                        scaling.renew(held=held)  # a long stream still counts
+                        renewed = time.monotonic()
             except httpx.TransportError:
                 whole = False
             # A stream ends with `[DONE]` or the server's own error event; one that stopped short
@@ -124,6 +146,7 @@ def forward(*, replica: Replica, path: str, body: bytes) -> HttpResponse:
         finally:  # also when the client went away mid-answer
             upstream.close()
             client.close()
+            scaling.release(held=held)
             _active(replica.deployment)
 
     response = StreamingHttpResponse(

@@ -41,12 +41,13 @@ def _hash(token: str) -> str:
 
 
 @transaction.atomic
-def start_replica(*, deployment: Deployment) -> Replica:
+def start_replica(*, deployment: Deployment, another: dict | None = None) -> Replica:
     """A replica for the deployment, unless one is live already (then that one): written here,
-    its machine launched by a task once this commits."""
+    its machine launched by a task once this commits. `another` (why: the load) adds one beside
+    the live ones, the deployment staying as it is (ready)."""
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
     live = deployment.replicas.filter(status__in=REPLICA_LIVE).first()
-    if live:
+    if live and another is None:
         return live
     gpu = catalog.get_provider(deployment.provider).gpu(deployment.gpu_type)
     replica = Replica.objects.create(
@@ -54,9 +55,16 @@ def start_replica(*, deployment: Deployment) -> Replica:
         provider=deployment.provider,
         price_per_hour_micros=gpu.price_per_gpu_hour_micros * deployment.gpu_count,
     )
-    states.transition(
-        deployment_id=deployment.pk, to=S.STARTING, detail={"replica": replica.public_id}
-    )
+    if another is None:
+        states.transition(
+            deployment_id=deployment.pk, to=S.STARTING, detail={"replica": replica.public_id}
+        )
+    else:
+        states.record_event(
+            deployment=deployment,
+            type="scaling_up",
+            detail={"replica": replica.public_id, **another},
+        )
     enqueue_on_commit("serving.tasks.launch_replica", replica_id=replica.pk)
     return replica
 
@@ -202,8 +210,9 @@ def _terminate(replica: Replica) -> None:
 
 def _end(replica: Replica, status: ReplicaStatus, **fields) -> bool:
     """Mark the replica ended (its token dies with it), terminate its machine and charge its
-    uptime, unless it failed by the platform's fault (the catalog credits that: its last
-    uncharged stretch is not charged); False when something ended it already."""
+    uptime up to the end; when the catalog credits how it failed (the platform lost it), the
+    stretch since its last charge is credited back at once, as a job's lost compute is. False
+    when something ended it already."""
     ended = Replica.objects.filter(pk=replica.pk, status__in=REPLICA_LIVE).update(
         status=status, token_hash="", stopped_at=timezone.now(), **fields
     )
@@ -211,36 +220,53 @@ def _end(replica: Replica, status: ReplicaStatus, **fields) -> bool:
         return False
     replica.refresh_from_db()
     _terminate(replica)
+    start = replica.charged_until or replica.ready_at
+    charged = charge_uptime(replica=replica, until=replica.stopped_at)
     code = fields.get("error_code")
-    if not (code and errors.get(code).billing != errors.Billing.CHARGE):
-        charge_uptime(replica=replica, until=replica.stopped_at)
+    if charged and code and errors.get(code).billing == errors.Billing.REFUND:
+        hooks.credit_uptime(
+            workspace=replica.deployment.workspace,
+            amount_micros=charged,
+            key=f"deployment_credit:{replica.public_id}",
+            description=f"Deployment {replica.deployment.public_id}, replica "
+            f"{replica.public_id}: {code} since {start:%Y-%m-%d %H:%M:%S}",
+        )
     return True
 
 
-def charge_uptime(*, replica: Replica, until: datetime) -> bool:
-    """Charge the replica's uptime from where it was last charged (or from ready) to `until`,
-    per second. The window is claimed with a conditional UPDATE in the charge's transaction, so
-    two runs never charge it twice."""
+def accrued_micros(*, replica: Replica, until: datetime) -> int:
+    """The replica's uptime not charged yet, up to `until`."""
     start = replica.charged_until or replica.ready_at
     if start is None or until <= start:
-        return False
+        return 0
+    price = replica.price_per_hour_micros
+    return compute_micros(price_per_hour_micros=price, start=start, end=until)
+
+
+def charge_uptime(*, replica: Replica, until: datetime) -> int:
+    """Charge the replica's uptime from where it was last charged (or from ready) to `until`,
+    per second; what was charged (0: nothing due, or another run charged it). The window is
+    claimed with a conditional UPDATE in the charge's transaction, so two runs never charge it
+    twice."""
+    start = replica.charged_until or replica.ready_at
+    if start is None or until <= start:
+        return 0
+    amount = accrued_micros(replica=replica, until=until)
     with transaction.atomic():
         claimed = Replica.objects.filter(pk=replica.pk, charged_until=replica.charged_until).update(
             charged_until=until
         )
         if not claimed:
-            return False
+            return 0
         seconds = int((until - start).total_seconds())
         hooks.charge_uptime(
             workspace=replica.deployment.workspace,
-            amount_micros=compute_micros(
-                price_per_hour_micros=replica.price_per_hour_micros, start=start, end=until
-            ),
+            amount_micros=amount,
             key=f"deployment_charge:{replica.public_id}:{start.isoformat()}",
             description=f"Deployment {replica.deployment.public_id}, replica "
             f"{replica.public_id}: {seconds} s",
         )
-    return True
+    return amount
 
 
 def charge_running(*, now: datetime) -> int:
@@ -251,7 +277,7 @@ def charge_running(*, now: datetime) -> int:
     for replica in ready.filter(
         Q(charged_until__lte=due) | Q(charged_until__isnull=True, ready_at__lte=due)
     ):
-        charged += charge_uptime(replica=replica, until=now)
+        charged += bool(charge_uptime(replica=replica, until=now))
     return charged
 
 
@@ -315,6 +341,8 @@ def scale_idle(*, now: datetime) -> int:
             idle_since = deployment.last_active_at or deployment.created_at
             if now - idle_since < timedelta(seconds=deployment.idle_timeout_seconds):
                 continue
+            if deployment.inflight.filter(expires_at__gt=now).exists():
+                continue  # a long answer is still streaming: not idle
             live = deployment.replicas.filter(status__in=REPLICA_LIVE).count()
             if live <= deployment.min_replicas:
                 continue
@@ -325,6 +353,41 @@ def scale_idle(*, now: datetime) -> int:
                 states.transition(deployment_id=pk, to=S.STOPPED, detail={"scaled_to_zero": True})
             scaled += 1
     return scaled
+
+
+def stop_unfunded(*, now: datetime) -> int:
+    """Deployments of workspaces whose balance, less their replicas' uptime not charged yet, is
+    spent: every replica stopped (its machine terminated, its uptime charged) and the deployment
+    stopped with the catalog's `balance_exhausted` until a request after a top-up wakes it."""
+    owed: dict[int, int] = {}
+    for replica in Replica.objects.filter(status__in=REPLICA_LIVE).select_related("deployment"):
+        workspace_id = replica.deployment.workspace_id
+        owed[workspace_id] = owed.get(workspace_id, 0) + accrued_micros(replica=replica, until=now)
+    spent = hooks.out_of_funds(accrued_micros=owed)
+    stopped = 0
+    for pk in Deployment.objects.filter(
+        workspace_id__in=spent, status__in=[S.STARTING, S.READY]
+    ).values_list("pk", flat=True):
+        with transaction.atomic():
+            deployment = (
+                Deployment.objects.select_for_update(skip_locked=True)
+                .filter(pk=pk, status__in=[S.STARTING, S.READY])
+                .first()
+            )
+            if deployment is None:
+                continue
+            states.transition(deployment_id=pk, to=S.SCALING_DOWN, detail={"balance": "spent"})
+            stop_replicas(deployment=deployment, reason="balance_exhausted")
+            states.transition(
+                deployment_id=pk,
+                to=S.STOPPED,
+                error_code="balance_exhausted",
+                message="The workspace's balance ran out: every replica was stopped and its "
+                "machine terminated. Top up (veri billing top-up AMOUNT); the next request "
+                "wakes the deployment.",
+            )
+            stopped += 1
+    return stopped
 
 
 def check_health(*, now: datetime) -> int:

@@ -32,7 +32,8 @@ def transition(
     detail: dict | None = None,
 ) -> Deployment:
     """The one way a deployment changes status: row-locked, so concurrent tasks and requests
-    serialize; the event is written in the same transaction; an illegal move changes nothing."""
+    serialize; the event is written in the same transaction; an illegal move changes nothing.
+    `error_code` (a catalog code) says why it failed, or why it stopped (until it wakes)."""
     deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
     if deployment.status == to:
         return deployment
@@ -42,7 +43,9 @@ def transition(
     deployment.status = to
     if to == S.READY:
         deployment.last_active_at = timezone.now()  # idle from now, not from its last request
-    if to == S.FAILED:
+    if to == S.STARTING:  # woken: whatever stopped it (a spent balance) is over
+        deployment.error_code = deployment.error_message = deployment.error_attribution = ""
+    if error_code:  # failed, or stopped for a reason the catalog names
         entry = errors.get(error_code)
         deployment.error_code = entry.code
         deployment.error_message = message or f"{entry.cause}. {entry.hint}"

@@ -19,7 +19,7 @@ from tests.browser.test_dashboard import EMAIL, assert_fits_the_screen, screensh
 from tests.browser.test_refund_review import browser_page  # noqa: F401 - the Chromium page
 from tests.dashboard.conftest import member_of
 from tests.e2e.conftest import qcluster  # noqa: F401 - the real cluster
-from tests.e2e.test_serving import ask, fine_tune, wait_deployment
+from tests.e2e.test_serving import ask, fine_tune_job, wait_deployment
 from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
 from tests.openai_api.conftest import openai_client
 
@@ -73,7 +73,7 @@ def test_the_playground_streams_a_fine_tune_and_its_base_side_by_side(
     platform()
     member_of(workspace, EMAIL)
     client = openai_client(live_server, api_client.raw_key)
-    job = fine_tune(client)
+    job = fine_tune_job(client)
     model = job.fine_tuned_model
     page = browser_page
     page.set_viewport_size({"width": 1280, "height": 900})
@@ -88,7 +88,7 @@ def test_the_playground_streams_a_fine_tune_and_its_base_side_by_side(
     assert [a["name"] for a in deployment.adapters] == [model]
     wait_deployment(api_client, deployment.public_id, "ready")
     expected = {
-        pane: ask(client, name, tokens=TOKENS).choices[0].message.content
+        pane: ask(client, name, max_tokens=TOKENS).choices[0].message.content
         for pane, name in zip(PANES, (model, TINY), strict=True)
     }
     assert expected["model"] != expected["baseline"]  # the adapter changes the greedy answer

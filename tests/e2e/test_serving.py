@@ -1,13 +1,17 @@
 """Serve what was trained: a fine-tune of the tiny model deployed on the local provider answers
 the official `openai` client (streaming and not) exactly as base + adapter do under PEFT, idles
 down to zero (its serving process gone), answers a cold request 503 + Retry-After and wakes,
-and stays invisible to another workspace — against a live server and a real task cluster."""
+and stays invisible to another workspace; two fine-tunes on one deployment each answer as their
+own adapter does; load adds a replica and idle takes both away — against a live server and a
+real task cluster."""
 
 import json
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
@@ -34,14 +38,14 @@ GREEDY = """
 import json, sys
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
-base_path, adapter_path = sys.argv[1], sys.argv[2]
+base_path, adapter_paths = sys.argv[1], json.loads(sys.argv[2])
 messages, tokens = json.loads(sys.argv[3]), int(sys.argv[4])
 tokenizer = AutoTokenizer.from_pretrained(base_path)
 ids = tokenizer.apply_chat_template(
     messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
 )["input_ids"]
 answers = []
-for adapter in (None, adapter_path):
+for adapter in [None] + adapter_paths:
     model = AutoModelForCausalLM.from_pretrained(base_path)
     if adapter:
         model = PeftModel.from_pretrained(model, adapter)
@@ -51,13 +55,14 @@ print(json.dumps(answers))
 """
 
 
-def peft_greedy(base, adapter) -> tuple[str, str]:
-    """(base, base + adapter) greedy answers to QUESTION, by transformers + PEFT themselves."""
+def peft_greedy(base, *adapters) -> tuple[str, ...]:
+    """(base, base + each adapter…) greedy answers to QUESTION, by transformers + PEFT
+    themselves."""
     result = run_python(
         "-c",
         GREEDY,
         str(base),
-        str(adapter),
+        json.dumps([str(a) for a in adapters]),
         json.dumps(QUESTION),
         str(TOKENS),
         env={"HF_HUB_OFFLINE": "1"},
@@ -78,10 +83,11 @@ def wait_deployment(api_client, deployment_id: str, status: str, timeout: float 
     raise AssertionError(f"{deployment_id} not {status} after {timeout} s: {deployment} {events}")
 
 
-def fine_tune(client: openai.OpenAI):
-    """The tiny model fine-tuned on ROWS through the OpenAI-compatible API (its job succeeded):
-    the live platform's setup for serving tests (tests/browser/test_playground.py too)."""
-    training = client.files.create(file=("f.jsonl", jsonl(ROWS)), purpose="fine-tune")
+def fine_tune_job(client: openai.OpenAI, rows: list[dict] = ROWS):
+    """The tiny model fine-tuned on `rows` through the OpenAI-compatible API (its job
+    succeeded): the live platform's setup for serving tests (tests/browser/test_playground.py
+    too)."""
+    training = client.files.create(file=("f.jsonl", jsonl(rows)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
         model=TINY,
         training_file=training.id,
@@ -94,9 +100,30 @@ def fine_tune(client: openai.OpenAI):
     return job
 
 
-def ask(client: openai.OpenAI, model: str, tokens: int = TOKENS, **kwargs):
+@pytest.fixture
+def fine_tune(platform, live_server, api_client, tmp_path):  # noqa: F811
+    """Fine-tune the tiny model on rows through the official client, on the live platform:
+    (its `ft:` model, its final adapter downloaded)."""
+    platform()
+    client = openai_client(live_server, api_client.raw_key)
+
+    def train(rows: list[dict]) -> tuple[str, Path]:
+        job = fine_tune_job(client, rows)
+        job_id = job.model_extra["veri_job_id"]
+        return job.fine_tuned_model, download_final(api_client, job_id, tmp_path / job_id)
+
+    return train
+
+
+def deploy(api_client, **body) -> dict:
+    created = api_client.post("/v1/deployments", body, format="json")
+    assert created.status_code == 201, created.json()
+    return wait_deployment(api_client, created.json()["id"], "ready")
+
+
+def ask(client: openai.OpenAI, model: str, **kwargs):
     return client.chat.completions.create(
-        model=model, messages=QUESTION, temperature=0, max_tokens=tokens, **kwargs
+        model=model, messages=QUESTION, **({"temperature": 0, "max_tokens": TOKENS} | kwargs)
     )
 
 
@@ -114,7 +141,7 @@ def deployed_fine_tune(platform, live_server, api_client) -> Deployed:  # noqa: 
     official `openai` client and deployed on the local provider, ready to answer."""
     platform()
     client = openai_client(live_server, api_client.raw_key)
-    job = fine_tune(client)
+    job = fine_tune_job(client)
 
     created = api_client.post(
         "/v1/deployments",
@@ -194,15 +221,96 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     assert ask(patient, model).choices[0].message.content == adapter_text
 
     # Its serving process killed: the schedule's task finds it gone and fails the replica with
-    # the catalog's code, the platform's (so its uncharged stretch is never charged); the
-    # deployment stops until the next request.
+    # the catalog's code, the platform's (its uptime is charged up to the loss, then that
+    # stretch credited back); the deployment stops until the next request.
     [_, woken] = Replica.objects.filter(deployment__public_id=deployment["id"]).order_by("pk")
     os.killpg(int(woken.external_id.split(":")[0]), signal.SIGKILL)
     async_task("serving.tasks.watch_deployments")
     wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
     failed = api_client.get(f"{path}/events").json()["data"][-2]
     assert failed["type"] == "replica_failed" and failed["detail"]["code"] == "replica_failed"
-    assert LedgerEntry.objects.filter(kind="deployment_charge").count() == 1
+    [_, lost] = LedgerEntry.objects.filter(kind="deployment_charge").order_by("pk")
+    [credit] = LedgerEntry.objects.filter(kind="refund_credit")
+    assert woken.public_id in lost.description and credit.amount_micros == -lost.amount_micros
 
     assert api_client.delete(path).status_code == 204
     assert_error(api_client.get(path), 404, "not_found")
+
+
+def test_two_adapters_on_one_deployment_answer_differently_each_as_its_own_peft(
+    fine_tune, live_server, api_client, tiny_model
+):
+    kiwi_rows = [
+        {"messages": QUESTION + [{"role": "assistant", "content": "kiwi, kiwi and kiwi again."}]}
+    ] * 32
+    plum, plum_adapter = fine_tune(ROWS)
+    kiwi, kiwi_adapter = fine_tune(kiwi_rows)
+    deployment = deploy(api_client, adapters=[plum, kiwi])
+    assert [a["name"] for a in deployment["adapters"]] == [plum, kiwi]
+    assert len(deployment["replicas"]) == 1  # one serving process holds both
+
+    _, plum_text, kiwi_text = peft_greedy(tiny_model, plum_adapter, kiwi_adapter)
+    assert plum_text != kiwi_text  # trained differently, they answer differently
+    client = openai_client(live_server, api_client.raw_key)
+    assert ask(client, plum).choices[0].message.content == plum_text
+    assert ask(client, kiwi).choices[0].message.content == kiwi_text
+    listed = {m.id for m in client.models.list()}
+    assert {plum, kiwi} <= listed
+
+
+def test_load_adds_a_replica_requests_spread_and_idle_takes_both_away(
+    platform,  # noqa: F811
+    live_server,
+    api_client,
+    settings,
+):
+    # A low target and window: four clients streaming at once load one CPU replica past them.
+    load = {"VERI_SERVING_TARGET_INFLIGHT": 1, "VERI_SERVING_SCALE_WINDOW_SECONDS": 1}
+    platform(**{k: str(v) for k, v in load.items()})
+    for name, value in load.items():
+        setattr(settings, name, value)
+    deployment = deploy(api_client, base_model=TINY, max_replicas=2, idle_timeout_seconds=600)
+    path = f"/v1/deployments/{deployment['id']}"
+    client = openai_client(live_server, api_client.raw_key).with_options(max_retries=5)
+    stop, answers, failures = threading.Event(), [], []
+
+    def stream() -> None:
+        while not stop.is_set():
+            try:
+                chunks = ask(client, TINY, stream=True, max_tokens=48)
+                answers.append("".join(c.choices[0].delta.content or "" for c in chunks))
+            except openai.APIError as exc:  # noqa: PERF203 - each failure is kept
+                failures.append(exc)
+
+    clients = [threading.Thread(target=stream) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            replicas = api_client.get(path).json()["replicas"]
+            served = [r for r in replicas if r["status"] == "ready" and r["requests"] >= 3]
+            if len(served) == 2:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"no second replica serving: {api_client.get(path).json()}")
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=120)
+    assert not failures and answers
+    events = api_client.get(f"{path}/events").json()["data"]
+    [up] = [e for e in events if e["type"] == "scaling_up"]
+    assert up["detail"]["inflight"] > up["detail"]["ready_replicas"] == 1
+    assert api_client.get(path).json()["status"] == "ready"
+
+    # Idle past its timeout, both replicas go (min_replicas 0), their machines terminated.
+    api_client.patch(path, {"idle_timeout_seconds": 10}, format="json")
+    time.sleep(11)
+    async_task("serving.tasks.watch_deployments")
+    wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
+    both = Replica.objects.filter(deployment__public_id=deployment["id"])
+    assert sorted(r.status for r in both) == ["stopped", "stopped"]
+    alive = LocalProvider().states([r.external_id for r in both])
+    assert not any(state.alive for state in alive.values())

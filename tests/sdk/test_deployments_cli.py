@@ -5,8 +5,17 @@ import json
 
 import pytest
 
+from billing.services import open_billing_account
+from veri.models import Workspace
+
 pytestmark = pytest.mark.django_db(transaction=True)
 BASE = "Qwen/Qwen2.5-0.5B"
+
+
+@pytest.fixture(autouse=True)
+def funded(cli):
+    """Deployments run on the balance: the CLI's workspace has some."""
+    open_billing_account(workspace=Workspace.objects.get(name="cli"), credit_micros=10_000_000)
 
 
 def test_deploy_list_get_and_delete(cli, capsys):

@@ -14,16 +14,17 @@ from serving.models import Deployment, Replica
 from serving.services import replicas, states
 from serving.services.deployments import Shape, create_deployment
 from tests.conftest import assert_error
+from veri.money import usd
 
 pytestmark = pytest.mark.django_db
 BASE = "Qwen/Qwen2.5-0.5B"
 
 
 @pytest.fixture
-def deployment(workspace) -> Deployment:
+def deployment(billed) -> Deployment:
     """A deployment whose first replica is written, its launch not run (no commit here)."""
     return create_deployment(
-        workspace=workspace, base_model=BASE, adapters=[], shape=Shape(idle_timeout_seconds=60)
+        workspace=billed, base_model=BASE, adapters=[], shape=Shape(idle_timeout_seconds=60)
     )
 
 
@@ -63,7 +64,7 @@ def test_a_failure_takes_its_attribution_from_the_catalog_and_is_final(
             go(deployment, to)
 
 
-def test_another_workspace_gets_404_for_every_route(api_client, other_api_client):
+def test_another_workspace_gets_404_for_every_route(api_client, other_api_client, billed):
     created = api_client.post("/v1/deployments", {"base_model": BASE}, format="json")
     assert created.status_code == 201, created.json()
     path = f"/v1/deployments/{created.json()['id']}"
@@ -77,7 +78,7 @@ def test_another_workspace_gets_404_for_every_route(api_client, other_api_client
     assert_error(api_client.get(path), 404, "not_found")
 
 
-def test_create_refuses_what_it_cannot_serve(api_client, other_api_client):
+def test_create_refuses_what_it_cannot_serve(api_client, other_api_client, billed):
     def refused(body: dict, code: str, field: str) -> None:
         assert_error(api_client.post("/v1/deployments", body, format="json"), 400, code, field)
 
@@ -244,3 +245,104 @@ def test_a_replica_cannot_point_the_router_off_its_machine(deployment):
     assert worker.post(ready, {"url": "http://127.0.0.1:8123"}, format="json").status_code == 200
     replica.refresh_from_db()
     assert replica.status == "ready" and replica.url == "http://127.0.0.1:8123"
+
+
+def test_a_replica_the_platform_lost_is_charged_up_to_the_loss_then_credited(
+    api_client, deployment
+):
+    from billing.models import LedgerEntry
+
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
+    ready_at = timezone.now() - timedelta(hours=1, minutes=30)
+    Replica.objects.filter(pk=replica.pk).update(ready_at=ready_at)
+    assert replicas.charge_running(now=ready_at + timedelta(hours=1)) == 1  # its first hour
+    replica.refresh_from_db()
+    replicas.fail_replica(replica=replica, code="replica_failed", message="machine gone")
+    replica.refresh_from_db()
+    first, last = LedgerEntry.objects.filter(kind="deployment_charge").order_by("pk")
+    [credit] = LedgerEntry.objects.filter(kind="refund_credit")
+    # The half hour since the last charge: charged, then credited (the catalog: platform, refund).
+    lost = (replica.stopped_at - ready_at - timedelta(hours=1)).total_seconds()
+    hour = replica.price_per_hour_micros
+    assert last.amount_micros == pytest.approx(-hour * lost / 3600, abs=2)
+    assert credit.amount_micros == -last.amount_micros
+    assert first.amount_micros == pytest.approx(-hour, abs=2)  # the hour before stays charged
+    assert "replica_failed" in credit.description
+    replicas.fail_replica(replica=replica, code="replica_failed")  # a second report: nothing new
+    assert LedgerEntry.objects.filter(kind__in=["deployment_charge", "refund_credit"]).count() == 3
+    # GET /v1/billing shows what deployments were charged.
+    spend = api_client.get("/v1/billing").json()["spend_usd"]
+    assert spend["deployments"] == usd(-first.amount_micros - last.amount_micros)
+    assert spend["jobs"] == spend["storage"] == usd(0)
+
+
+def test_a_spent_balance_stops_the_deployment_and_inference_answers_402_until_a_top_up(
+    api_client, deployment, settings
+):
+    from billing.services import add_credit, balance_micros
+
+    replica = deployment.replicas.get()
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
+    assert replicas.stop_unfunded(now=timezone.now()) == 0  # funded
+    workspace = deployment.workspace
+    spend = balance_micros(workspace=workspace)
+    add_credit(workspace=workspace, amount_micros=-spend, reason="spent", key="spent")
+    assert replicas.stop_unfunded(now=timezone.now()) == 1
+    assert replicas.stop_unfunded(now=timezone.now()) == 0  # a rerun: nothing more
+    deployment.refresh_from_db()
+    replica.refresh_from_db()
+    assert (deployment.status, replica.status) == ("stopped", "stopped")
+    assert api_client.get(f"/v1/deployments/{deployment.public_id}").json()["error"] == {
+        "code": "balance_exhausted",
+        "message": deployment.error_message,
+        "attribution": "customer",
+    }
+    kinds = list(deployment.events.order_by("pk").values_list("type", flat=True))
+    assert kinds[-3:] == ["scaling_down", "replica_stopped", "stopped"]
+    # Inference: 402 in OpenAI's shape, and nothing woken.
+    settings.VERI_SERVING_WAIT_SECONDS = 0
+    answer = api_client.post("/v1/completions", {"model": BASE, "prompt": "x"}, format="json")
+    assert answer.status_code == 402
+    assert answer.json()["error"]["code"] == "insufficient_balance"
+    assert answer.json()["error"]["type"] == "insufficient_quota"
+    assert not deployment.replicas.filter(status="starting").exists()
+    # Topped up, the next request wakes it, its stop reason cleared.
+    add_credit(workspace=workspace, amount_micros=5_000_000, reason="top-up", key="top-up")
+    cold = api_client.post("/v1/completions", {"model": BASE, "prompt": "x"}, format="json")
+    assert cold.status_code == 503 and cold.json()["error"]["code"] == "model_starting"
+    deployment.refresh_from_db()
+    assert (deployment.status, deployment.error_code) == ("starting", "")
+
+
+def test_creating_a_deployment_needs_funds(api_client, workspace):
+    body = {"base_model": BASE}
+    assert_error(
+        api_client.post("/v1/deployments", body, format="json"), 402, "billing_account_required"
+    )
+    from billing.services import open_billing_account
+
+    open_billing_account(workspace=workspace)
+    assert_error(
+        api_client.post("/v1/deployments", body, format="json"), 402, "insufficient_balance"
+    )
+    assert not Deployment.objects.exists()
+
+
+def test_models_lists_what_the_workspaces_deployments_serve(api_client, other_api_client, billed):
+    custom = create_deployment(
+        workspace=billed, base_model="acme/custom-base", adapters=[], shape=Shape()
+    )
+    Deployment.objects.filter(pk=custom.pk).update(
+        adapters=[{"name": "ckpt-tuned", "checkpoint_id": "ckpt-tuned"}]
+    )
+    failed = create_deployment(
+        workspace=billed, base_model="acme/broken", adapters=[], shape=Shape()
+    )
+    states.transition(deployment_id=failed.pk, to="failed", error_code="model_load_error")
+    listed = {m["id"] for m in api_client.get("/v1/models").json()["data"]}
+    assert {"acme/custom-base", "ckpt-tuned"} <= listed and "acme/broken" not in listed
+    assert api_client.get("/v1/models/ckpt-tuned").json()["id"] == "ckpt-tuned"
+    others = {m["id"] for m in other_api_client.get("/v1/models").json()["data"]}
+    assert not others & {"acme/custom-base", "ckpt-tuned"}
+    assert other_api_client.get("/v1/models/ckpt-tuned").status_code == 404
