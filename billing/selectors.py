@@ -19,26 +19,6 @@ def list_ledger(*, workspace: Workspace) -> QuerySet[LedgerEntry]:
     return LedgerEntry.objects.filter(workspace=workspace).select_related("job")
 
 
-# What the dashboard's billing page sums as spend, by what was paid for.
-SPEND_KINDS = (
-    LedgerEntry.Kind.JOB_CHARGE,
-    LedgerEntry.Kind.DEPLOYMENT_CHARGE,
-    LedgerEntry.Kind.STORAGE_CHARGE,
-)
-
-
-def spend_micros(*, workspace: Workspace) -> dict[str, int]:
-    """What the workspace was charged, all time, per kind of charge (positive micros)."""
-    totals = dict(
-        list_ledger(workspace=workspace)
-        .filter(kind__in=SPEND_KINDS)
-        .values("kind")
-        .annotate(total=Sum("amount_micros"))
-        .values_list("kind", "total")
-    )
-    return {kind: -(totals.get(kind) or 0) for kind in SPEND_KINDS}
-
-
 def replica_charges_micros(*, workspace: Workspace) -> dict[str, int]:
     """What each replica's uptime was charged (positive micros), by the replica's public id: the
     charge's key names it (`deployment_charge:<replica>:<from>`, serving's `charge_uptime`)."""

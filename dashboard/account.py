@@ -10,7 +10,6 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from billing import services as billing
-from billing.models import LedgerEntry
 from billing.stripe_gateway import payments_enabled
 from dashboard import workspaces
 from dashboard.forms import ApiKeyForm, SecretForm, TopUpForm
@@ -60,9 +59,9 @@ def billing_page(request):
             "form": form,
             "page": page,
             "spend": [
-                ("Training", spend[LedgerEntry.Kind.JOB_CHARGE]),
-                ("Deployments", spend[LedgerEntry.Kind.DEPLOYMENT_CHARGE]),
-                ("Storage", spend[LedgerEntry.Kind.STORAGE_CHARGE]),
+                ("Training", spend["jobs"]),
+                ("Deployments", spend["deployments"]),
+                ("Storage", spend["storage"]),
             ],
         },
     )

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('serving', '0003_replica_charged_until_replica_price_per_hour_micros'),
+        ('serving', '0004_evaluations'),
         ('veri', '0004_workspace_secret'),
     ]
 
