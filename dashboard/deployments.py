@@ -24,7 +24,7 @@ from openai_api import selectors as openai_selectors
 from serving import selectors
 from serving.models import Deployment, DeploymentStatus, ReplicaStatus
 from serving.services import deployments as services
-from serving.services import inference
+from serving.services import inference, limits
 from training import errors
 from training.models import JobStatus, TrainingJob
 from veri.errors import ServiceUnavailable, VeriError
@@ -216,7 +216,10 @@ def _error(exc: VeriError) -> JsonResponse:
     """In the API's shape: the pane shows the message, and retries `model_starting`."""
     if isinstance(exc, ServiceUnavailable):
         return exc.as_response()  # with Retry-After
-    return JsonResponse(exc.as_body(), status=exc.status)
+    response = JsonResponse(exc.as_body(), status=exc.status)
+    for name, value in getattr(exc, "headers", {}).items():  # a rate limit's retry-after
+        response[name] = value
+    return response
 
 
 @require_POST
@@ -232,11 +235,13 @@ def playground_chat(request) -> HttpResponse:
     try:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             raise VeriError("The body is a JSON object with a model's name.", field="model")
-        replica = inference.route(workspace=request.workspace, model=body["model"])
         asked = {k: body[k] for k in PLAYGROUND_FIELDS if k in body}
         payload = {"model": body["model"], **asked, "stream": True}
+        # The playground's requests count against the workspace's limits, as the API's do.
+        limits.admit(workspace=request.workspace, tokens=limits.estimate_tokens(payload))
+        held = inference.route(workspace=request.workspace, model=body["model"])
         return inference.forward(
-            replica=replica, path="/v1/chat/completions", body=json.dumps(payload).encode()
+            held=held, path="/v1/chat/completions", body=json.dumps(payload).encode()
         )
     except VeriError as exc:
         return _error(exc)

@@ -271,8 +271,8 @@ def answer(evaluation: Evaluation, prompt: list | str, model: str) -> str:
     deadline, failures = time.monotonic() + WAKE_SECONDS, 0
     while True:
         try:
-            replica = inference.route(workspace=evaluation.workspace, model=model)
-            response = inference.forward(replica=replica, path=path, body=body)
+            held = inference.route(workspace=evaluation.workspace, model=model)
+            response = inference.forward(held=held, path=path, body=body)
         except inference.ModelStarting:
             if time.monotonic() >= deadline:
                 raise EvaluationFailed(

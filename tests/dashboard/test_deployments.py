@@ -19,6 +19,7 @@ from billing.models import LedgerEntry
 from dashboard.templatetags.dashboard import money
 from serving.models import Deployment, Replica
 from serving.services import replicas, states
+from billing.services import open_billing_account
 from serving.services.deployments import Shape, create_deployment
 from tests.dashboard.conftest import signed_in
 from tests.training.test_restarts import running
@@ -42,6 +43,7 @@ def deployment(billed) -> Deployment:
 @pytest.fixture
 def others() -> Deployment:
     other, _ = veri_services.create_workspace(name="other")
+    open_billing_account(workspace=other, credit_micros=10_000_000)  # deploying needs funds
     return create_deployment(workspace=other, base_model="other/model", adapters=[], shape=Shape())
 
 

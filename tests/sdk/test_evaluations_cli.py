@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from billing.services import open_billing_account
 from serving.services.deployments import Shape, create_deployment
 from tests.openai_api.conftest import jsonl
 from tests.serving.test_evaluations import BASE, CHAT, EXACT, OTHER
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def files(cli, tmp_path, settings, local_store_url):
     settings.VERI_STORE = local_store_url
+    open_billing_account(workspace=cli.workspace, credit_micros=100_000_000)  # deploying needs it
     for base in (BASE, OTHER):
         create_deployment(workspace=cli.workspace, base_model=base, adapters=[], shape=Shape())
     (tmp_path / "held_out.jsonl").write_bytes(jsonl([CHAT]))

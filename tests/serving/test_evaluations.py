@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from billing.services import open_billing_account
 from serving.models import Evaluation
 from serving.services import evaluations
 from serving.services.deployments import Shape, create_deployment
@@ -34,12 +35,12 @@ CHAT = {
 
 
 @pytest.fixture
-def served(workspace, settings, local_store_url) -> dict:
+def served(billed, settings, local_store_url) -> dict:
     """Two served bases (their replicas written, never launched: nothing commits here) and an
     uploaded chat file."""
     settings.VERI_STORE = local_store_url
     for base in (BASE, OTHER):
-        create_deployment(workspace=workspace, base_model=base, adapters=[], shape=Shape())
+        create_deployment(workspace=billed, base_model=base, adapters=[], shape=Shape())
     return {"model": BASE, "baseline": OTHER, "grader": EXACT, "max_tokens": 8}
 
 
@@ -136,6 +137,7 @@ def test_another_workspace_sees_no_evaluation(api_client, other_api_client, serv
     assert [e["id"] for e in api_client.get("/v1/evaluations").json()["data"]] == [evaluation["id"]]
     # Nor can it evaluate on this workspace's file with models of its own.
     theirs = Workspace.objects.get(name="other")
+    open_billing_account(workspace=theirs, credit_micros=100_000_000)
     for base in (BASE, OTHER):
         create_deployment(workspace=theirs, base_model=base, adapters=[], shape=Shape())
     body = {**served, "file": evaluation["file"]}
