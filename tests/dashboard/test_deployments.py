@@ -16,10 +16,10 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import LedgerEntry
+from billing.services import open_billing_account
 from dashboard.templatetags.dashboard import money
 from serving.models import Deployment, Replica
 from serving.services import replicas, states
-from billing.services import open_billing_account
 from serving.services.deployments import Shape, create_deployment
 from tests.dashboard.conftest import signed_in
 from tests.training.test_restarts import running
