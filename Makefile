@@ -32,6 +32,8 @@ test-install: install $(IAM_EVAL)/node_modules/.installed
 demo: install
 	$(PY) manage.py quickstart
 
+# Two lanes (CONTRIBUTING.md, "Test"): real trainings one at a time on one worker, the rest beside
+# them; the 15 slowest tests, each lane's seconds and the total at the end.
 test: test-install
 	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --durations=15 $(PYTEST_ARGS)
 

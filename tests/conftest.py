@@ -1,4 +1,5 @@
 import contextlib
+import fcntl
 import json
 import os
 import statistics
@@ -245,15 +246,24 @@ def store_kind(request, settings) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A tiny causal LM made here (no model hub), for real training."""
-    out = tmp_path_factory.mktemp("tiny-model")
-    subprocess.run(
-        [sys.executable, "-m", "worker.tinymodel", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    """A tiny causal LM made here (no model hub), for real training: made once per run, in the
+    folder the xdist workers' temporary folders share, by whichever worker asks first (the others
+    wait on the lock). Read only: nothing writes into it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out = shared / "tiny-model"
+    with open(shared / "tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made := shared / "tiny-model.made").exists():
+            subprocess.run(
+                [sys.executable, "-m", "worker.tinymodel", str(out)],
+                cwd=REPO,
+                check=True,
+                capture_output=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
+            made.touch()
     return out
 
 
