@@ -2,6 +2,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,16 +145,20 @@ class LaneSeconds:
         for name, ids in (("heavy", heavy), ("light", self.seconds.keys() - heavy)):
             total = sum(self.seconds.get(i, 0.0) for i in ids)
             terminalreporter.write_line(f"{name} lane: {len(ids)} tests, {total:.0f} s in all")
-        if config.getoption("record_durations"):
-            DURATIONS.write_text(
-                json.dumps({k: round(v, 1) for k, v in sorted(self.seconds.items())}, indent=0)
-                + "\n"
-            )
+        if config.getoption("record_durations"):  # what ran replaces what was recorded of it
+            known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+            known |= {k: round(v, 1) for k, v in self.seconds.items()}
+            DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
 
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(LaneSeconds(), "veri-lane-seconds")
+
+
+def pytest_unconfigure(config):
+    if lanes := getattr(config, "veri_lanes", None):
+        shutil.rmtree(lanes, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
