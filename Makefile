@@ -32,8 +32,11 @@ test-install: install $(IAM_EVAL)/node_modules/.installed
 demo: install
 	$(PY) manage.py quickstart
 
+# Two lanes (CONTRIBUTING.md, "Test"): the real trainings one at a time on one of the TEST_WORKERS
+# xdist workers, the rest on the others; the 15 slowest tests, each lane's seconds and the total.
+TEST_WORKERS ?= 2
 test: test-install
-	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --durations=15 $(PYTEST_ARGS)
+	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # The docs site from docs/ into site/ (git-ignored); --strict: a broken link or a page missing from
 # the navigation fails it. make test builds it too (tests/docs/test_site.py).

@@ -1,7 +1,12 @@
 import contextlib
+import fcntl
+import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -29,24 +34,131 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 
 
-# Folders whose tests train for real, drive a browser or run the production topology.
-HEAVY = ("tests/e2e/", "tests/browser/", "tests/topology/")
+# The suite's two lanes (CONTRIBUTING.md, "Two lanes"): a test that trains the tiny model with the
+# real worker under a running task cluster (it asks, directly or through another fixture, for
+# `tiny_model` and for `qcluster` or `prod_like`) is heavy; every other test is light.
+TRAINS_ON = {"qcluster", "prod_like"}
+# Each test's measured seconds (setup, call and teardown), to run the longest first;
+# `make test PYTEST_ARGS=--record-durations` writes it again.
+DURATIONS = REPO / "tests" / "durations.json"
+
+
+def is_heavy(item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    return "tiny_model" in names and bool(names & TRAINS_ON)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help=f"write each test's seconds to {DURATIONS.relative_to(REPO)} at the end",
+    )
+
+
+def pytest_configure_node(node):
+    """(xdist, in the controller) Where the workers say which tests are heavy: the scheduler
+    sees only test ids, not the fixtures a test asks for."""
+    config = node.config
+    if not hasattr(config, "veri_lanes"):
+        config.veri_lanes = Path(tempfile.mkdtemp(prefix="veri-lanes-"))
+    node.workerinput["veri_lanes"] = str(config.veri_lanes)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Longest first: the heavy tests, then the light ones, each lane's modules by their measured
+    seconds (a module's tests stay together, for fixtures a module shares), and in the heavy lane
+    a module's tests too. A test not measured yet counts as its lane's mean."""
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    heavy = {item.nodeid for item in items if is_heavy(item)}
+    mean = {
+        lane: statistics.fmean(
+            [known[i.nodeid] for i in items if i.nodeid in known and (i.nodeid in heavy) == lane]
+            or [1.0]
+        )
+        for lane in (True, False)
+    }
+
+    def seconds(item) -> float:
+        return known.get(item.nodeid, mean[item.nodeid in heavy])
+
+    modules: dict[tuple[bool, str], float] = {}
+    for item in items:
+        key = (item.nodeid in heavy, item.nodeid.split("::")[0])
+        modules[key] = modules.get(key, 0.0) + seconds(item)
+    order = {item.nodeid: position for position, item in enumerate(items)}
+
+    def rank(item):
+        lane = item.nodeid in heavy
+        module = modules[(lane, item.nodeid.split("::")[0])]
+        within = -seconds(item) if lane else order[item.nodeid]
+        return (not lane, -module, item.nodeid.split("::")[0], within)
+
+    items.sort(key=rank)
+    config.veri_heavy = heavy
+    if lanes := getattr(config, "workerinput", {}).get("veri_lanes"):
+        Path(lanes, f"{config.workerinput['workerid']}.json").write_text(json.dumps(sorted(heavy)))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two xdist workers: the heavy folders' tests all go to one of them, one at a
-    time, and the rest to the other beside them. Two real trainings at once on 2 cores would
-    stretch the time limits those tests assert. (xdist's own loadgroup cannot do this under
-    pytest 9, whose node ids it no longer rewrites.)"""
+    """`make test` runs two xdist workers: the heavy tests all go to one of them, one at a time,
+    and the light ones to the other beside them (and to the first once it is done). Two real
+    trainings at once on 2 cores would stretch the time limits those tests assert. (xdist's own
+    loadgroup cannot do this under pytest 9, whose node ids it no longer rewrites.)"""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class HeavyTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "heavy" if nodeid.startswith(HEAVY) else nodeid
+            return "heavy" if nodeid in heavy_tests(config) else nodeid
 
     return HeavyTogether(config, log)
+
+
+def heavy_tests(config) -> set[str]:
+    """The heavy tests' ids: as this process collected them, or under xdist as the workers did
+    (each the same tests, xdist checks, before the scheduler first asks)."""
+    if not hasattr(config, "veri_heavy"):
+        lanes = getattr(config, "veri_lanes", None)
+        said = next(lanes.glob("*.json"), None) if lanes else None
+        config.veri_heavy = set(json.loads(said.read_text())) if said else set()
+    return config.veri_heavy
+
+
+class LaneSeconds:
+    """Each test's seconds as reports arrive (in the controller under xdist): the lanes' sums at
+    the end of the run, and the durations file when asked."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.heavy: set[str] = set()
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter, config):
+        if not self.seconds:
+            return
+        heavy = heavy_tests(config)
+        for name, ids in (("heavy", heavy), ("light", self.seconds.keys() - heavy)):
+            total = sum(self.seconds.get(i, 0.0) for i in ids)
+            terminalreporter.write_line(f"{name} lane: {len(ids)} tests, {total:.0f} s in all")
+        if config.getoption("record_durations"):  # what ran replaces what was recorded of it
+            known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+            known |= {k: round(v, 1) for k, v in self.seconds.items()}
+            DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(LaneSeconds(), "veri-lane-seconds")
+
+
+def pytest_unconfigure(config):
+    if lanes := getattr(config, "veri_lanes", None):
+        shutil.rmtree(lanes, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -139,15 +251,24 @@ def store_kind(request, settings) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """A tiny causal LM made here (no model hub), for real training."""
-    out = tmp_path_factory.mktemp("tiny-model")
-    subprocess.run(
-        [sys.executable, "-m", "worker.tinymodel", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    """A tiny causal LM made here (no model hub), for real training: made once per run, in the
+    folder the xdist workers' temporary folders share, by whichever worker asks first (the others
+    wait on the lock). Read only: nothing writes into it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out = shared / "tiny-model"
+    with open(shared / "tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made := shared / "tiny-model.made").exists():
+            subprocess.run(
+                [sys.executable, "-m", "worker.tinymodel", str(out)],
+                cwd=REPO,
+                check=True,
+                capture_output=True,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            )
+            made.touch()
     return out
 
 
@@ -176,11 +297,18 @@ def billed(workspace):
     return workspace
 
 
+def serve_in_background(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
+    """`server` answering from a daemon thread. Its shutdown() returns within 50 ms: with
+    serve_forever's default poll of 0.5 s, each of the suite's fakes took half a second to stop."""
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
 @pytest.fixture
 def stripe_api(settings):
     FakeStripe.requests, FakeStripe.answers = [], {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStripe)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     settings.STRIPE_SECRET_KEY = "sk_test_veri"
     settings.STRIPE_WEBHOOK_SECRET = STRIPE_SECRET
     settings.STRIPE_API_BASE = f"http://127.0.0.1:{server.server_port}"

@@ -21,7 +21,10 @@ def database_url() -> str:
 
 @pytest.fixture
 def qcluster(transactional_db, settings):
-    """A real django-q2 cluster in a subprocess, on the test database and the test's store."""
+    """A real django-q2 cluster in a subprocess, on the test database and the test's store. Its
+    watchdog ticks every second (a test may say otherwise): a queued job waits for a tick to be
+    launched, and stopping the cluster waits for the tick in progress, so the default 5 s would
+    add seconds to every job and every teardown."""
     processes = []
 
     def start(**extra_env) -> subprocess.Popen:
@@ -30,6 +33,7 @@ def qcluster(transactional_db, settings):
             "DATABASE_URL": database_url(),
             "VERI_STORE": settings.VERI_STORE,
             "VERI_Q_WORKERS": "2",
+            "VERI_WATCH_PERIOD_SECONDS": "1",
             **extra_env,
         }
         if settings.AWS_ENDPOINT_URL:

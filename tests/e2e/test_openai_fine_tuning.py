@@ -6,14 +6,13 @@ cluster, the local provider and real TRL on the tiny model."""
 import csv
 import io
 import statistics
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
 
-from tests.conftest import REPO, fill_volume, run_python
+from tests.conftest import REPO, fill_volume, run_python, serve_in_background
 from tests.e2e.test_training import (  # noqa: F401 - platform is a fixture
     FAST_LORA,
     TINY,
@@ -89,7 +88,7 @@ class Receiver(BaseHTTPRequestHandler):
 def receiver():
     Receiver.got = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     yield f"http://127.0.0.1:{server.server_port}/hook"
     server.shutdown()
 

@@ -396,8 +396,9 @@ def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, works
 def test_max_cost_stops_a_real_job_after_a_checkpoint_and_charges_the_cap(
     api_client, platform, settings
 ):
-    settings.VERI_LOCAL_PRICE_PER_HOUR = "36"  # a cent a second: the cap is reached in a minute
-    platform(VERI_LOCAL_PRICE_PER_HOUR="36", VERI_WATCH_PERIOD_SECONDS="1")
+    # Two cents a second: the cap is reached half a minute after launch, well into training.
+    settings.VERI_LOCAL_PRICE_PER_HOUR = "72"
+    platform(VERI_LOCAL_PRICE_PER_HOUR="72")
     job_id = submit(
         api_client,
         SFT_ROWS * 4,

@@ -12,6 +12,8 @@ from xml.sax.saxutils import escape
 
 import httpx
 
+from tests.conftest import serve_in_background
+
 ERROR = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
     "<Message>{message}</Message></Error></Errors><RequestID>injected</RequestID></Response>"
@@ -63,7 +65,7 @@ class Ec2Proxy:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
 
     def calls(self, action: str) -> list[dict]:
         with self.lock:

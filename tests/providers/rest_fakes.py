@@ -8,6 +8,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from tests.conftest import serve_in_background
+
 TOKEN = "test-provider-token"
 DROP = object()  # a route's answer: close the connection without answering
 
@@ -85,7 +87,7 @@ class FakeApi:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
 
     def new_id(self) -> int:
         self.next_id += 1

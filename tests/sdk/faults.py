@@ -6,6 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
+from tests.conftest import serve_in_background
+
 
 class FaultyProxy:
     def __init__(self, upstream: str):
@@ -28,7 +30,7 @@ class FaultyProxy:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
 
     def add(
         self, match: str, kind: str, *, times: int = 1, status: int = 500, after: int = 0

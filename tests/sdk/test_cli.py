@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -11,7 +10,7 @@ import httpx
 import pytest
 
 from billing import services as billing
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_in_background
 from tests.sdk.faults import FaultyProxy
 from veri_sdk import Client, ConnectionFailed, NotFoundError
 from veri_sdk.cli import main, output
@@ -226,7 +225,7 @@ class FlakyApi(BaseHTTPRequestHandler):
 
 def test_sdk_retries_5xx_and_a_busy_key_with_one_idempotency_key_and_gives_up_on_dead_hosts():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     try:
         client = Client(api_key="k", base_url=f"http://127.0.0.1:{server.server_port}")
         assert client.volumes.create("x").id == "vol_1"

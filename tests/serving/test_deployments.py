@@ -2,7 +2,6 @@
 idle scale-down and the router's answer for a cold or unknown model (OpenAI's error shape)."""
 
 import json
-import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -13,7 +12,7 @@ from rest_framework.test import APIClient
 from serving.models import Deployment, Replica
 from serving.services import replicas, states
 from serving.services.deployments import Shape, create_deployment
-from tests.conftest import assert_error
+from tests.conftest import assert_error, serve_in_background
 from veri.money import usd
 
 pytestmark = pytest.mark.django_db
@@ -193,7 +192,7 @@ class DyingReplica(BaseHTTPRequestHandler):
 @pytest.fixture
 def dying_replica():
     server = ThreadingHTTPServer(("127.0.0.1", 0), DyingReplica)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

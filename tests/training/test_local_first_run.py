@@ -3,7 +3,6 @@ model hub id on workers that cannot reach a hub."""
 
 import json
 import os
-import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,7 +11,7 @@ from django.utils import timezone
 
 from providers.local import _start_time
 from providers.models import Instance
-from tests.conftest import assert_error, fill_volume, free_port
+from tests.conftest import assert_error, fill_volume, free_port, serve_in_background
 from tests.training.conftest import GRPO_ROWS, REWARD, upload_dataset
 from training import tasks
 from training.models import TrainingJob
@@ -60,7 +59,7 @@ def test_a_launch_the_worker_could_not_call_back_fails_at_once(local_job, settin
 def test_a_launch_is_refused_when_another_veri_answers_the_public_url(local_job, settings):
     """A stale clone still serving :8000 answers /healthz too; its workers would be refused."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), OtherVeri)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     settings.VERI_PUBLIC_URL = f"http://127.0.0.1:{server.server_port}"
     try:
         job = TrainingJob.objects.get(public_id=local_job().json()["id"])

@@ -1,9 +1,9 @@
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.conftest import serve_in_background
 from tests.dashboard.conftest import browser, owner  # noqa: F401 - the shared fixtures
 from tests.e2e.conftest import qcluster  # noqa: F401
 from tests.sdk.conftest import cli  # noqa: F401
@@ -38,7 +38,7 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/veri"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_background(self.server)
 
 
 @pytest.fixture

@@ -3,13 +3,13 @@ loopback that refuse a request of the wrong shape), the local provider's notice 
 the control plane (see tests/training/test_restarts.py for what it does with the notice)."""
 
 import json
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from tests.conftest import serve_in_background
 from worker.preemption import (
     AwsSpotNotice,
     FileNotice,
@@ -61,7 +61,7 @@ class Metadata(BaseHTTPRequestHandler):
 def metadata():
     Metadata.answers, Metadata.refused = {}, []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     assert Metadata.refused == []  # every request had the shape the real service requires

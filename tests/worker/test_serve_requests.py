@@ -2,12 +2,12 @@
 is answered 400 (404 for an unknown model) in OpenAI's error shape, never a 500, and the
 sampling parameters do what they say."""
 
-import threading
 from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from tests.conftest import serve_in_background
 from worker.serve import Engine, handler_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a fruit."}]}
@@ -17,7 +17,7 @@ PROMPT = {"model": "tiny", "prompt": "A plum is"}
 @pytest.fixture(scope="module")
 def server(tiny_model):
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(Engine(tiny_model, {}, "tiny")))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    serve_in_background(httpd)
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_in_background
 from worker.client import ControlPlane, ControlPlaneError, Shipper
 from worker.errors import JobFailure
 from worker.train import (
@@ -53,7 +53,7 @@ class FlakyControlPlane(BaseHTTPRequestHandler):
 
 
 def test_logs_and_metrics_wait_out_an_outage_and_arrive_in_order():
-    server = serve(ThreadingHTTPServer(("127.0.0.1", 0), FlakyControlPlane))
+    server = serve_in_background(ThreadingHTTPServer(("127.0.0.1", 0), FlakyControlPlane))
     api = ControlPlane(api_url=f"http://127.0.0.1:{server.server_port}", job_id="job_x", token="t")
     shipper = Shipper(api, interval=0.1, heartbeat_interval=0.1).start()
     try:
@@ -328,7 +328,9 @@ def test_a_call_waits_out_a_control_plane_restart_within_its_patience(monkeypatc
     servers = []
     back = threading.Timer(
         2.5,
-        lambda: servers.append(serve(ThreadingHTTPServer(("127.0.0.1", port), FlakyControlPlane))),
+        lambda: servers.append(
+            serve_in_background(ThreadingHTTPServer(("127.0.0.1", port), FlakyControlPlane))
+        ),
     )
     back.start()
     try:
@@ -337,8 +339,3 @@ def test_a_call_waits_out_a_control_plane_restart_within_its_patience(monkeypatc
         back.join()
         for server in servers:
             server.shutdown()
-
-
-def serve(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
