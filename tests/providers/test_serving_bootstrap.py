@@ -1,0 +1,142 @@
+"""A deployment on a cloud provider: its replica's machine is rented through the provider (against
+each provider's fake, as jobs' launches are) and booted with the worker's bootstrap, which
+installs the pinned vLLM and starts the replica's serving process on vLLM with a LoRA slot for
+each adapter and a tensor-parallel rank per GPU."""
+
+import base64
+import shlex
+import subprocess
+
+import pytest
+
+from serving import tasks
+from serving.models import Replica
+from tests.conftest import fill_volume
+from tests.providers.conftest import ec2_client, instances, submit_aws
+from tests.training.conftest import upload_dataset
+from training import tasks as training_tasks
+from training.models import Checkpoint, TrainingJob
+
+pytestmark = pytest.mark.django_db
+BASE = "volume://models/tiny"
+
+
+def aws_script(fake, request) -> str:
+    ec2_endpoint = request.getfixturevalue("ec2_endpoint")
+    [instance] = instances(ec2_endpoint)
+    user_data = ec2_client(ec2_endpoint).describe_instance_attribute(
+        InstanceId=instance["InstanceId"], Attribute="userData"
+    )["UserData"]["Value"]
+    return base64.b64decode(user_data).decode()
+
+
+def digitalocean_script(fake, request) -> str:
+    [body] = fake.calls("POST", "/v2/droplets")
+    return body["user_data"]
+
+
+def vast_script(fake, request) -> str:
+    [instance] = fake.instances.values()
+    return instance["onstart"]
+
+
+def gcp_script(fake, request) -> str:
+    [body] = fake.calls("POST", r"/compute/v1/projects/veri-test/zones/[^/]+/instances")
+    [startup] = body["metadata"]["items"]
+    assert startup["key"] == "startup-script"
+    return startup["value"]
+
+
+# (provider, its fake's fixture, gpu_type, gpu_count, the rendered script as the provider got it)
+PROVIDERS = [
+    ("aws", "ec2", "L4-24GB", 4, aws_script),
+    ("digitalocean", "digitalocean", "H100-80GB", 8, digitalocean_script),
+    ("vast", "vast", "RTX4090-24GB", 2, vast_script),
+    ("gcp", "gcp", "H100-80GB", 1, gcp_script),
+]
+
+
+@pytest.fixture
+def adapters(api_client, billed, settings, local_store_url) -> list[str]:
+    """Two checkpoints of a job on BASE, deployable as adapters."""
+    settings.VERI_STORE = local_store_url
+    fill_volume(billed, "models", {"tiny/config.json": b"{}"})
+    dataset = upload_dataset(api_client, [{"text": f"row {i}"} for i in range(4)])
+    created = api_client.post(
+        "/v1/training_jobs",
+        {"base_model": BASE, "dataset_id": dataset["id"], "method": "sft_text"},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    job = TrainingJob.objects.get(public_id=created.json()["id"])
+    return [
+        Checkpoint.objects.create(workspace=job.workspace, job=job, step=step).public_id
+        for step in (2, 4)
+    ]
+
+
+@pytest.mark.parametrize(("provider", "fixture", "gpu_type", "gpu_count", "script_of"), PROVIDERS)
+def test_a_deployment_on_a_cloud_provider_boots_its_replica_on_vllm_with_lora(
+    request, api_client, adapters, settings, provider, fixture, gpu_type, gpu_count,
+    script_of,
+):  # fmt: skip
+    fake = request.getfixturevalue(fixture)
+    if provider == "vast":
+        fake.add_offer("RTX 4090", gpu_count, "Texas, US", 0.6)
+    created = api_client.post(
+        "/v1/deployments",
+        {
+            "adapters": adapters,
+            "provider": provider,
+            "gpu_type": gpu_type,
+            "gpu_count": gpu_count,
+            "region": "us-east-1",
+        },
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    replica = Replica.objects.get(deployment__public_id=created.json()["id"])
+    assert tasks.launch_replica(replica_id=replica.pk) == "launched"
+
+    script = script_of(fake, request)
+    serve = shlex.join(
+        [
+            "-m",
+            "worker",
+            "serve",
+            "--replica",
+            replica.public_id,
+            "--api",
+            settings.VERI_PUBLIC_URL,
+            "--engine",
+            "vllm",
+            "--tensor-parallel-size",
+            str(gpu_count),
+            "--max-loras",
+            "2",
+        ]
+    )
+    assert f'"$root/venv/bin/python" {serve} ||' in script
+    # The pinned vLLM, in its own virtualenv, its `vllm` on the serving process's PATH.
+    assert f"engine={settings.VERI_VLLM_REQUIREMENT}\n" in script
+    install = '--torch-backend auto \\\n  --index-url "${index:-https://pypi.org/simple}" "$engine"'
+    assert install in script
+    assert 'export PATH="$root/engine/bin:$PATH"' in script
+    # The replica's own routes and token, never a job's.
+    assert f"\njob={replica.public_id}\n" in script
+    assert 'routes="$api/v1/worker/replicas/$job"' in script
+    assert "\nVERI_REPLICA_TOKEN=veri_rt_" in script and "VERI_JOB_TOKEN" not in script
+    assert api_client.raw_key not in script
+    assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0
+
+
+def test_a_job_still_boots_the_training_worker_without_vllm(
+    request, api_client, ec2, billed, settings, local_store_url
+):
+    settings.VERI_STORE = local_store_url
+    dataset = upload_dataset(api_client, [{"text": "row"}])
+    job = submit_aws(api_client, dataset)
+    assert training_tasks.provision_job(job_id=job.pk) == "launched"
+    script = aws_script(ec2, request)
+    assert f"-m worker run --job {job.public_id} --api " in script
+    assert 'routes="$api/v1/worker/jobs/$job"' in script and "engine=" not in script
