@@ -13,6 +13,7 @@ from serving import tasks
 from serving.models import Replica
 from tests.conftest import fill_volume
 from tests.providers.conftest import ec2_client, instances, submit_aws
+from tests.providers.test_bootstrap import boot
 from tests.training.conftest import upload_dataset
 from training import tasks as training_tasks
 from training.models import Checkpoint, TrainingJob
@@ -140,3 +141,35 @@ def test_a_job_still_boots_the_training_worker_without_vllm(
     script = aws_script(ec2, request)
     assert f"-m worker run --job {job.public_id} --api " in script
     assert 'routes="$api/v1/worker/jobs/$job"' in script and "engine=" not in script
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replica_machine_whose_bootstrap_fails_ends_as_provisioning_error_unbilled(
+    request, api_client, adapters, ec2, live_server, settings, tmp_path
+):
+    """The rendered bootstrap, run as a machine's first boot: the control plane stores no
+    wheelhouse and names no index, so it fails at once and says so with the replica's token."""
+    settings.VERI_PUBLIC_URL = live_server.url
+    settings.VERI_WORKER_INDEX_URL = ""
+    settings.VERI_WORKER_PACKAGE = ""
+    created = api_client.post(
+        "/v1/deployments",
+        {"adapters": adapters, "provider": "aws", "gpu_type": "L4-24GB", "region": "us-east-1"},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    replica = Replica.objects.get(deployment__public_id=created.json()["id"])
+    assert tasks.launch_replica(replica_id=replica.pk) == "launched"
+
+    status, log, _ = boot(tmp_path, aws_script(ec2, request), timeout=120)
+
+    assert status == 1, log
+    replica.refresh_from_db()
+    assert (replica.status, replica.error_code) == ("failed", "provisioning_error"), log
+    assert "no wheelhouse for this machine" in replica.error_message
+    deployment = api_client.get(f"/v1/deployments/{created.json()['id']}").json()
+    assert deployment["status"] == "failed"
+    assert deployment["error"]["attribution"] == "platform"
+    [instance] = instances(request.getfixturevalue("ec2_endpoint"))
+    assert instance["State"]["Name"] == "terminated"  # terminate-always, by the control plane
+    assert replica.charged_until is None and replica.ready_at is None  # nothing billed
