@@ -4,8 +4,10 @@ installs the pinned vLLM and starts the replica's serving process on vLLM with a
 each adapter and a tensor-parallel rank per GPU."""
 
 import base64
+import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ from serving import tasks
 from serving.models import Replica
 from tests.conftest import fill_volume
 from tests.providers.conftest import ec2_client, instances, submit_aws
-from tests.providers.test_bootstrap import boot
+from tests.providers.test_bootstrap import boot, wheel
 from tests.training.conftest import upload_dataset
 from training import tasks as training_tasks
 from training.models import Checkpoint, TrainingJob
@@ -173,3 +175,63 @@ def test_a_replica_machine_whose_bootstrap_fails_ends_as_provisioning_error_unbi
     [instance] = instances(request.getfixturevalue("ec2_endpoint"))
     assert instance["State"]["Name"] == "terminated"  # terminate-always, by the control plane
     assert replica.charged_until is None and replica.ready_at is None  # nothing billed
+
+
+def stand_in_index(folder: Path) -> None:
+    """A PEP 503 index with `veri-stand-in` (its `python -m worker …` writes down its arguments,
+    its VERI_ environment and the `vllm` it finds on PATH) and `vllm-stand-in` (a `vllm`
+    executable), standing in for the worker and vLLM."""
+    main = (
+        "import json, os, shutil, sys\n"
+        "out = os.path.join(os.environ['VERI_WORK_DIR'], 'ran.json')\n"
+        "env = {k: v for k, v in os.environ.items() if k.startswith('VERI_')}\n"
+        "found = {'argv': sys.argv[1:], 'env': env, 'vllm': shutil.which('vllm')}\n"
+        "json.dump(found, open(out, 'w'))\n"
+    )
+    wheel(folder, "veri-stand-in", {"worker/__init__.py": "", "worker/__main__.py": main})
+    wheel(
+        folder,
+        "vllm-stand-in",
+        {"vllm_stand_in.py": "def main():\n    print('stand-in')\n"},
+        entry_points="[console_scripts]\nvllm = vllm_stand_in:main\n",
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replica_machine_installs_vllm_beside_the_worker_and_starts_it_serving(
+    request, api_client, adapters, ec2, live_server, settings, tmp_path
+):
+    """The rendered bootstrap run as a first boot, from a mirror holding stand-ins for the
+    worker and vLLM: vLLM goes into its own virtualenv, its `vllm` on the serving process's
+    PATH, and the serving process starts with the replica's token and vLLM arguments."""
+    mirror = tmp_path / "mirror"
+    stand_in_index(mirror)
+    settings.VERI_PUBLIC_URL = live_server.url
+    settings.VERI_WORKER_INDEX_URL = f"file://{mirror}"
+    settings.VERI_WORKER_PACKAGE = "veri-stand-in==1.0"
+    settings.VERI_VLLM_REQUIREMENT = "vllm-stand-in==1.0"
+    created = api_client.post(
+        "/v1/deployments",
+        {"adapters": adapters, "provider": "aws", "gpu_type": "L4-24GB", "region": "us-east-1"},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    replica = Replica.objects.get(deployment__public_id=created.json()["id"])
+    assert tasks.launch_replica(replica_id=replica.pk) == "launched"
+
+    status, log, root = boot(tmp_path, aws_script(ec2, request), timeout=300)
+
+    assert status == 0, log
+    ran = json.loads((root / "work" / "ran.json").read_text())
+    assert ran["argv"][:3] == ["serve", "--replica", replica.public_id]
+    assert ran["argv"][-6:] == [
+        "--engine",
+        "vllm",
+        "--tensor-parallel-size",
+        "1",
+        "--max-loras",
+        "2",
+    ]
+    assert ran["env"]["VERI_REPLICA_TOKEN"].startswith("veri_rt_")
+    assert ran["vllm"] == str(root / "engine" / "bin" / "vllm")  # its own virtualenv
+    assert "[veri] installed vllm-stand-in==1.0 in" in log
