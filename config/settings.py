@@ -377,6 +377,9 @@ VERI_SERVING_READ_TIMEOUT_SECONDS = env.float("VERI_SERVING_READ_TIMEOUT_SECONDS
 VERI_REPLICA_HEARTBEAT_SECONDS = env.int("VERI_REPLICA_HEARTBEAT_SECONDS", default=15)
 VERI_REPLICA_SILENT_SECONDS = env.int("VERI_REPLICA_SILENT_SECONDS", default=120)
 VERI_REPLICA_START_TIMEOUT_SECONDS = env.int("VERI_REPLICA_START_TIMEOUT_SECONDS", default=900)
+# The vLLM a replica on a rented GPU machine serves with (its bootstrap installs exactly this, in
+# a virtualenv of its own beside the worker's): the one place its version is pinned.
+VERI_VLLM_REQUIREMENT = env.str("VERI_VLLM_REQUIREMENT", default=None) or "vllm==0.34.0"
 VERI_DEPLOYMENT_CHARGE_SECONDS = env.int("VERI_DEPLOYMENT_CHARGE_SECONDS", default=3600)
 # Scaling up: a deployment gets another replica (up to its max_replicas) once its in-flight
 # requests (queued and running) per ready replica stay over the target for the window.

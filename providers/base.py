@@ -60,6 +60,12 @@ class LaunchSpec:
     # The worker's command after `python -m worker`; empty: run the job `job_id` (a replica of a
     # deployment runs `serve --replica ID --api URL`, its id standing in `job_id`).
     worker_args: tuple[str, ...] = ()
+    # Whose worker routes the machine calls (`/v1/worker/{kind}/{job_id}/…`) with which token:
+    # a training job's, or a deployment's replica's.
+    kind: str = "jobs"
+    # A pip requirement the bootstrap installs in a virtualenv of its own, its executables put on
+    # the worker's PATH (a replica's vLLM); empty: none.
+    engine_requirement: str = ""
 
     def worker_command(self) -> tuple[str, ...]:
         return self.worker_args or ("run", "--job", self.job_id, "--api", self.api_url)

@@ -1,6 +1,7 @@
 """The first-boot script of a rented machine: fetch the installer, the worker and its wheelhouse
 from this control plane, install them into a Python of the worker's version, and run one job with
-its job token. One template for every cloud provider."""
+its job token, or one replica of a deployment with its replica token (then also installing the
+serving engine, vLLM). One template for every cloud provider."""
 
 import shlex
 
@@ -21,10 +22,15 @@ def render(spec: LaunchSpec) -> str:
     env = sorted(spec.env.items())
     names = [name for name, _ in env]
     assert all(name.isidentifier() for name in names), names  # our own names, never customers'
+    assert spec.kind in ("jobs", "replicas"), spec.kind
     return ENGINE.get_template("providers/bootstrap.sh").render(
         Context(
             {
                 "job_id": spec.job_id,
+                "kind": spec.kind,
+                "token_name": "VERI_REPLICA_TOKEN" if spec.kind == "replicas" else "VERI_JOB_TOKEN",
+                "worker_command": spec.worker_command(),
+                "engine_requirement": spec.engine_requirement,
                 "api_url": spec.api_url,
                 "env": env,
                 "python_mirror": settings.VERI_WORKER_PYTHON_MIRROR,

@@ -1,15 +1,18 @@
 """`/v1/worker/replicas/{id}/…`: a serving process's side, with its replica token (good for
 its own replica only, dead once it stopped). What it sends is hostile input."""
 
+from django.conf import settings
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from providers import worker_dist
 from serving.models import Replica
 from serving.services import replicas
-from training.worker_api import bearer_token
+from training.worker_api import WorkerBootstrapView, bearer_token
 from veri.api import ValidatingView
 
 OK = inline_serializer("ReplicaOk", {"ok": serializers.BooleanField()})
@@ -40,6 +43,21 @@ class HasReplicaToken(permissions.BasePermission):
 class ReplicaView(ValidatingView):
     authentication_classes = [ReplicaTokenAuthentication]
     permission_classes = [HasReplicaToken]
+
+
+class BootstrapView(ReplicaView):
+    @extend_schema(
+        parameters=[WorkerBootstrapView.WorkerBootstrapIn],
+        responses={200: OpenApiTypes.STR},
+        operation_id="replica_bootstrap",
+        summary="What a replica's machine's bootstrap installs",
+        description="The same manifest as a job's machine gets (`GET /v1/worker/jobs/{id}/"
+        "bootstrap`): a rented machine serving a replica installs the same worker.",
+    )
+    def get(self, request: Request, replica_id: str) -> HttpResponse:
+        cuda = self.validated(WorkerBootstrapView.WorkerBootstrapIn, request.query_params)["cuda"]
+        text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
+        return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 
 class RegisterView(ReplicaView):

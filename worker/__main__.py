@@ -1,6 +1,6 @@
 """`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN; `python -m
-worker serve --replica ID --api URL`, a deployment's serving process, with the replica token in
-VERI_REPLICA_TOKEN."""
+worker serve --replica ID --api URL [--engine vllm --tensor-parallel-size N --max-loras N]`, a
+deployment's serving process, with the replica token in VERI_REPLICA_TOKEN."""
 
 import argparse
 import sys
@@ -19,11 +19,25 @@ def main() -> int:
     serve_parser = commands.add_parser("serve", help="serve a deployment's models (one replica)")
     serve_parser.add_argument("--replica", required=True)
     serve_parser.add_argument("--api", required=True, help="the control plane")
+    serve_parser.add_argument(
+        "--engine",
+        choices=["cpu", "vllm"],
+        default="cpu",
+        help="cpu: transformers + PEFT in this process; vllm: vLLM's server (a GPU machine)",
+    )
+    serve_parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs")
+    serve_parser.add_argument("--max-loras", type=int, default=1, help="vllm: adapter slots")
     args = parser.parse_args()
     if args.command == "serve":
         from worker.serve import serve  # torch loads only where a model is served
 
-        return serve(replica_id=args.replica, api_url=args.api)
+        return serve(
+            replica_id=args.replica,
+            api_url=args.api,
+            engine=args.engine,
+            tensor_parallel_size=args.tensor_parallel_size,
+            max_loras=args.max_loras,
+        )
     return run(job_id=args.job, api_url=args.api)
 
 

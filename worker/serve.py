@@ -5,7 +5,8 @@ loads them, answers OpenAI's `/v1/chat/completions` and `/v1/completions` (strea
 loopback port it reports, and heartbeats until the control plane says its replica stopped.
 
 One request is generated at a time (a lock around the model): a small CPU server, not a batching
-one; GPU deployments are meant for vLLM."""
+one. On a rented GPU machine (`--engine vllm`) the same fetched files are served by vLLM instead
+(worker/serve_vllm.py)."""
 
 import json
 import os
@@ -363,8 +364,9 @@ def fetch_files(http: httpx.Client, files: list[dict], folder: Path) -> Path:
     return folder
 
 
-def load(spec: dict, work: Path) -> Engine:
-    """The spec's base model and adapters, fetched into `work` and loaded."""
+def fetch_models(spec: dict, work: Path) -> tuple[Path | str, dict[str, Path]]:
+    """The spec's base model (its folder in `work`, or the hub id when it has no files) and each
+    adapter's folder, fetched from the spec's presigned URLs."""
     http = httpx.Client(timeout=600)
     base = spec["base_model"]
     base_path = (
@@ -374,10 +376,17 @@ def load(spec: dict, work: Path) -> Engine:
         adapter["name"]: fetch_files(http, adapter["files"], work / "adapters" / str(index))
         for index, adapter in enumerate(spec["adapters"])
     }
-    return Engine(Path(base_path) if base.get("files") else base_path, adapters, base["name"])
+    return base_path, adapters
 
 
-def serve(*, replica_id: str, api_url: str) -> int:
+def serve(
+    *,
+    replica_id: str,
+    api_url: str,
+    engine: str = "cpu",
+    tensor_parallel_size: int = 1,
+    max_loras: int = 1,
+) -> int:
     token = os.environ.pop("VERI_REPLICA_TOKEN", None)
     if not token:
         print("VERI_REPLICA_TOKEN is not set", file=sys.stderr)
@@ -385,8 +394,10 @@ def serve(*, replica_id: str, api_url: str) -> int:
     api = ControlPlane(api_url=api_url, job_id=replica_id, token=token, kind="replicas")
     spec = api.call("POST", "/register")
     work = Path(os.environ.get("VERI_WORK_DIR") or f"/tmp/veri-replica-{replica_id}")
+    period = float(spec.get("heartbeat_interval_seconds") or 15)
     try:
-        engine = load(spec, work)
+        base, adapters = fetch_models(spec, work)
+        model = None if engine == "vllm" else Engine(base, adapters, spec["base_model"]["name"])
     except Exception as exc:  # noqa: BLE001 - whatever the model files did, it is reported
         traceback.print_exc()
         api.call(
@@ -395,13 +406,24 @@ def serve(*, replica_id: str, api_url: str) -> int:
             json={"code": "model_load_error", "message": f"{type(exc).__name__}: {exc}"[:10_000]},
         )
         return 1
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(engine))
+    if model is None:
+        from worker import serve_vllm
+
+        return serve_vllm.run(
+            api,
+            base=base,
+            served_name=spec["base_model"]["name"],
+            adapters=adapters,
+            tensor_parallel_size=tensor_parallel_size,
+            max_loras=max_loras,
+            heartbeat_seconds=period,
+        )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(model))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host, port = server.server_address[:2]
     api.call("POST", "/ready", json={"url": f"http://{host}:{port}"})
-    print(f"[veri] serving {sorted(engine.models)} on http://{host}:{port}", flush=True)
-    period = float(spec.get("heartbeat_interval_seconds") or 15)
+    print(f"[veri] serving {sorted(model.models)} on http://{host}:{port}", flush=True)
     while True:
         time.sleep(period)
         try:

@@ -20,7 +20,7 @@ from volumes import services as volume_services
 S = DeploymentStatus
 MAX_ADAPTERS = 16
 MAX_REPLICAS = 8
-SERVING_PROVIDERS = ("local",)  # providers whose machines can run a replica's serving process
+DEFAULT_PROVIDER = "local"  # the embedded default: the worker's CPU engine on this machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,17 +88,10 @@ def _check_shape(shape: Shape) -> None:
 
 
 def _placement(shape: Shape) -> tuple[str, str, str]:
-    provider = shape.provider or SERVING_PROVIDERS[0]
+    provider = shape.provider or DEFAULT_PROVIDER
     spec = catalog.get_provider(provider)
     if spec is None or not is_usable(provider):
         raise VeriError(f"Provider {provider!r} is not offered here.", field="provider")
-    if provider not in SERVING_PROVIDERS:
-        # Rented machines boot the training worker only; their vLLM replicas are to come.
-        raise VeriError(
-            f"Deployments run on {', '.join(SERVING_PROVIDERS)} for now, not on {provider}.",
-            field="provider",
-            code="provider_not_supported",
-        )
     gpu_type = shape.gpu_type or settings.VERI_SERVING_GPU_TYPE
     if spec.gpu(gpu_type) is None:
         raise VeriError(f"{provider} has no GPU type {gpu_type!r}.", field="gpu_type")

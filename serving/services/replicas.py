@@ -33,7 +33,14 @@ log = logging.getLogger(__name__)
 S, R = DeploymentStatus, ReplicaStatus
 TOKEN_PREFIX = "veri_rt_"
 LAUNCHING = "launching"  # external_id while a task launches the machine
-REPORTABLE_CODES = {"model_load_error"}  # what a serving process may say of itself
+# What a serving process may say of itself: its model would not load (the customer's), its
+# engine died after it was ready (the platform's), or, from the machine's bootstrap while the
+# replica starts, the machine could not be made ready (the platform's; nothing is billed before
+# ready, so believing it costs nothing).
+REPORTABLE_CODES = {"model_load_error", "replica_failed", "provisioning_error"}
+# Providers whose replicas run the worker's own CPU engine (transformers + PEFT); every other
+# provider rents a GPU machine whose replica serves with vLLM.
+CPU_ENGINE_PROVIDERS = {"local"}
 
 
 def _hash(token: str) -> str:
@@ -81,6 +88,7 @@ def launch_replica(*, replica_id: int) -> str:
     token = mint_token(replica=replica)
     zone = catalog.get_provider(deployment.provider).zones[deployment.region][0]
     api = settings.VERI_PUBLIC_URL
+    vllm = deployment.provider not in CPU_ENGINE_PROVIDERS
     spec = LaunchSpec(
         job_id=replica.public_id,
         region=deployment.region,
@@ -89,7 +97,9 @@ def launch_replica(*, replica_id: int) -> str:
         gpu_count=deployment.gpu_count,
         api_url=api,
         env={"VERI_REPLICA_TOKEN": token, "VERI_API_URL": api},
-        worker_args=("serve", "--replica", replica.public_id, "--api", api),
+        worker_args=serve_command(replica=replica, api=api, vllm=vllm),
+        kind="replicas",
+        engine_requirement=settings.VERI_VLLM_REQUIREMENT if vllm else "",
     )
     try:
         external_id = get_adapter(deployment.provider).launch(spec)
@@ -99,6 +109,24 @@ def launch_replica(*, replica_id: int) -> str:
         return "provisioning_error"
     Replica.objects.filter(pk=replica.pk).update(external_id=external_id)
     return "launched"
+
+
+def serve_command(*, replica: Replica, api: str, vllm: bool) -> tuple[str, ...]:
+    """The replica's `python -m worker …` command: on a GPU machine, vLLM with one tensor-parallel
+    rank per GPU and a LoRA slot for each of the deployment's adapters (all resident at once)."""
+    command = ("serve", "--replica", replica.public_id, "--api", api)
+    if not vllm:
+        return command
+    deployment = replica.deployment
+    return (
+        *command,
+        "--engine",
+        "vllm",
+        "--tensor-parallel-size",
+        str(deployment.gpu_count),
+        "--max-loras",
+        str(max(1, len(deployment.adapters))),
+    )
 
 
 def mint_token(*, replica: Replica) -> str:
@@ -167,8 +195,8 @@ def replica_spec(*, replica: Replica) -> dict:
 
 
 # Where a replica may say it serves: the router sends workspace requests there, so a replica
-# (hostile, like anything a worker sends) must not point it elsewhere. Replicas run only on the
-# `local` provider (SERVING_PROVIDERS), on this machine's loopback.
+# (hostile, like anything a worker sends) must not point it elsewhere. A replica serves on its
+# machine's loopback: on the `local` provider that is this machine's.
 REPLICA_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -196,7 +224,15 @@ def report_failure(*, replica: Replica, code: str, message: str) -> None:
         raise VeriError(
             f"A replica reports only {', '.join(sorted(REPORTABLE_CODES))}.", field="code"
         )
-    fail_replica(replica=replica, code=code, message=message, end_deployment=True)
+    if code == "provisioning_error" and replica.status != R.STARTING:
+        raise VeriError(
+            "Only a starting replica's machine reports provisioning_error.", field="code"
+        )
+    # A model that will not load will not load on the next replica either; an engine that died
+    # may serve again on a new one (the next request starts it).
+    fail_replica(
+        replica=replica, code=code, message=message, end_deployment=code == "model_load_error"
+    )
 
 
 def _terminate(replica: Replica) -> None:

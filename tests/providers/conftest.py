@@ -5,8 +5,10 @@ import pytest
 from billing.models import LedgerEntry, Refund
 from providers import services as provider_services
 from providers.aws import AwsProvider
+from providers.gcp import GcpProvider
 from tests.conftest import moto_server
 from tests.providers.ec2_proxy import Ec2Proxy
+from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVast
 from training import tasks
 from training.models import TrainingJob
 
@@ -82,3 +84,45 @@ def submit_aws(api_client, dataset, **fields) -> TrainingJob:
     response = api_client.post("/v1/training_jobs", body, format="json")
     assert response.status_code == 201, response.json()
     return TrainingJob.objects.get(public_id=response.json()["id"])
+
+
+def offer(settings, name: str, path: str) -> None:
+    settings.VERI_PROVIDER_ADAPTERS = {**settings.VERI_PROVIDER_ADAPTERS, name: path}
+    provider_services._adapter.cache_clear()
+    provider_services._availability.clear()
+
+
+@pytest.fixture
+def digitalocean(settings):
+    fake = FakeDigitalOcean()
+    settings.DIGITALOCEAN_TOKEN = TOKEN
+    settings.VERI_DIGITALOCEAN_API_URL = fake.url
+    offer(settings, "digitalocean", "providers.digitalocean.DigitalOceanProvider")
+    yield fake
+    fake.close()
+    assert fake.bad == []  # every request had the documented shape
+
+
+@pytest.fixture
+def vast(settings):
+    fake = FakeVast()
+    settings.VAST_API_KEY = TOKEN
+    settings.VERI_VAST_API_URL = fake.url
+    offer(settings, "vast", "providers.vast.VastProvider")
+    yield fake
+    fake.close()
+    assert fake.bad == []
+
+
+@pytest.fixture
+def gcp(settings):
+    fake = FakeGcp()
+    settings.VERI_GCP_PROJECT = "veri-test"
+    settings.VERI_GCP_API_URL = fake.url
+    settings.GOOGLE_APPLICATION_CREDENTIALS = None
+    GcpProvider.client.cache_clear()
+    offer(settings, "gcp", "providers.gcp.GcpProvider")
+    yield fake
+    fake.close()
+    GcpProvider.client.cache_clear()
+    assert fake.bad == []

@@ -14,13 +14,7 @@ from providers import services as provider_services
 from providers.base import split_scoped_id
 from providers.models import Instance
 from tests.providers.rest_fakes import FakeGcp, FakeVast
-from tests.providers.test_rest_providers import (  # noqa: F401 - fixtures
-    data,
-    digitalocean,
-    gcp,
-    submit,
-    vast,
-)
+from tests.providers.test_rest_providers import data, submit  # noqa: F401 - a fixture
 from tests.training.conftest import worker_client
 from training import tasks
 from training.models import TrainingJob

@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -189,29 +190,35 @@ def test_an_unreachable_wheelhouse_falls_back_to_the_configured_index(
 def stand_in_worker_index(folder: Path) -> None:
     """A PEP 503 index holding `veri-stand-in`, whose `python -m worker run …` writes down its
     arguments and the VERI_ environment it was given."""
-    import zipfile
-
-    project = folder / "veri-stand-in"
-    project.mkdir(parents=True)
-    wheel = project / "veri_stand_in-1.0-py3-none-any.whl"
     main = (
         "import json, os, sys\n"
         "out = os.path.join(os.environ['VERI_WORK_DIR'], 'ran.json')\n"
         "env = {k: v for k, v in os.environ.items() if k.startswith('VERI_')}\n"
         "json.dump({'argv': sys.argv[1:], 'env': env}, open(out, 'w'))\n"
     )
-    info = "veri_stand_in-1.0.dist-info"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("worker/__init__.py", "")
-        z.writestr("worker/__main__.py", main)
-        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: veri-stand-in\nVersion: 1.0\n")
-        z.writestr(
+    wheel(folder, "veri-stand-in", {"worker/__init__.py": "", "worker/__main__.py": main})
+
+
+def wheel(folder: Path, name: str, files: dict[str, str], entry_points: str = "") -> None:
+    """`name` 1.0 as a pure-Python wheel of `files` in a PEP 503 index folder."""
+    module = name.replace("-", "_")
+    project = folder / name
+    project.mkdir(parents=True)
+    path = project / f"{module}-1.0-py3-none-any.whl"
+    info = f"{module}-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        archive.writestr(
             f"{info}/WHEEL",
             "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         )
-        z.writestr(f"{info}/RECORD", "")
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    (project / "index.html").write_text(f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>')
+        if entry_points:
+            archive.writestr(f"{info}/entry_points.txt", entry_points)
+        archive.writestr(f"{info}/RECORD", "")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (project / "index.html").write_text(f'<a href="{path.name}#sha256={digest}">{path.name}</a>')
 
 
 def test_the_control_plane_picks_the_newest_wheelhouse_the_driver_supports(

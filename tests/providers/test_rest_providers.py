@@ -9,10 +9,9 @@ import pytest
 from django.utils import timezone
 
 from providers import services as provider_services
-from providers.gcp import GcpProvider
 from providers.models import Instance, LaunchAttempt
 from tests.providers.conftest import assert_provisioning_error
-from tests.providers.rest_fakes import TOKEN, FakeDigitalOcean, FakeGcp, FakeVast
+from tests.providers.rest_fakes import FakeGcp
 from tests.training.conftest import drive, upload_dataset, worker_client
 from training import tasks
 from training.models import TrainingJob
@@ -21,34 +20,6 @@ from veri.services import deployment_id
 from worker.runner import registration
 
 pytestmark = pytest.mark.django_db
-
-
-def offer(settings, name: str, path: str) -> None:
-    settings.VERI_PROVIDER_ADAPTERS = {**settings.VERI_PROVIDER_ADAPTERS, name: path}
-    provider_services._adapter.cache_clear()
-    provider_services._availability.clear()
-
-
-@pytest.fixture
-def digitalocean(settings):
-    fake = FakeDigitalOcean()
-    settings.DIGITALOCEAN_TOKEN = TOKEN
-    settings.VERI_DIGITALOCEAN_API_URL = fake.url
-    offer(settings, "digitalocean", "providers.digitalocean.DigitalOceanProvider")
-    yield fake
-    fake.close()
-    assert fake.bad == []  # every request had the documented shape
-
-
-@pytest.fixture
-def vast(settings):
-    fake = FakeVast()
-    settings.VAST_API_KEY = TOKEN
-    settings.VERI_VAST_API_URL = fake.url
-    offer(settings, "vast", "providers.vast.VastProvider")
-    yield fake
-    fake.close()
-    assert fake.bad == []
 
 
 @pytest.fixture
@@ -190,20 +161,6 @@ def test_vast_sweeper_ends_instances_labelled_for_ended_jobs(vast, api_client, d
     vast.instances[foreign] = {"id": foreign, "actual_status": "running", "label": "my own box"}
     assert provisioning.sweep_orphans() == [Instance.objects.get(job=ended).external_id]
     assert set(vast.instances) == {int(Instance.objects.get(job=live).external_id), foreign}
-
-
-@pytest.fixture
-def gcp(settings):
-    fake = FakeGcp()
-    settings.VERI_GCP_PROJECT = "veri-test"
-    settings.VERI_GCP_API_URL = fake.url
-    settings.GOOGLE_APPLICATION_CREDENTIALS = None
-    GcpProvider.client.cache_clear()
-    offer(settings, "gcp", "providers.gcp.GcpProvider")
-    yield fake
-    fake.close()
-    GcpProvider.client.cache_clear()
-    assert fake.bad == []
 
 
 def obtained(fake, job: TrainingJob) -> TrainingJob:

@@ -13,7 +13,7 @@ from scripts.prod_like import free_port
 from tests.dashboard.conftest import member_of, signed_in
 from tests.providers.conftest import instances, submit_aws
 from tests.providers.test_aws import sft_dataset  # noqa: F401
-from tests.providers.test_rest_providers import data, digitalocean, gcp, submit, vast  # noqa: F401
+from tests.providers.test_rest_providers import data, submit  # noqa: F401 - a fixture
 from training import tasks
 from training.models import TrainingJob
 

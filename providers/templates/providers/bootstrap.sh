@@ -1,5 +1,5 @@
 #!/bin/bash
-# Veri worker bootstrap for {{ job_id }}, rendered by the control plane (providers/bootstrap.py)
+# Veri worker bootstrap for {{ job_id }} ({{ kind }}), rendered by the control plane (providers/bootstrap.py)
 # and run once by the machine's first boot (cloud-init user-data or a startup script). It needs
 # only bash, coreutils and curl (apt-get installs curl where an image lacks it): the installer
 # (uv), the worker and its dependencies come from the control plane (providers/worker_dist.py),
@@ -9,43 +9,53 @@ set -euo pipefail
 root="${VERI_ROOT:-/opt/veri}"
 api={{ api_url|shell }}
 job={{ job_id|shell }}
+routes="$api/v1/worker/{{ kind }}/$job"
 dist="$root/dist"
 mkdir -p "$root/work" "$root/mnt" "$dist/wheels"
 exec >>"$root/bootstrap.log" 2>&1
 echo "[veri] bootstrap for $job at $(date -u +%FT%TZ)"
 
-# What the worker needs: the control plane's URL and this job's token (never an API key).
+# What the worker needs: the control plane's URL and this job's (or replica's) token, never an
+# API key.
 umask 077
 cat >"$root/env" <<'VERI_ENV'
 {% for name, value in env %}{{ name }}={{ value|shell }}
 {% endfor %}VERI_ENV
 set -a; . "$root/env"; set +a
+worker_token="${{ token_name }}"
 export VERI_TOKEN_FILE="$root/token"
 umask 022
 
 end_machine() {
-  # The machine's last act: ask the control plane to delete it (POST …/release, honoured once
+{% if kind == "jobs" %}  # The machine's last act: ask the control plane to delete it (POST …/release, honoured once
   # the job has ended) with the job's current token, which the worker keeps in VERI_TOKEN_FILE
   # as it renews it. A powered-off machine still bills on most providers; a deleted one does not.
   local token
   token="$(cat "$VERI_TOKEN_FILE" 2>/dev/null || true)"
   curl -sS -o /dev/null -w "[veri] release answered %{http_code}\n" -m 30 --retry 4 \
-    --retry-delay 5 -X POST -H "Authorization: Bearer ${token:-$VERI_JOB_TOKEN}" \
-    "$api/v1/worker/jobs/$job/release" || echo "[veri] release failed"
-  # If the control plane cannot delete it, the machine ends itself within
+    --retry-delay 5 -X POST -H "Authorization: Bearer ${token:-$worker_token}" \
+    "$routes/release" || echo "[veri] release failed"
+{% else %}  # A replica's machine is terminated by the control plane when it ends the replica (its
+  # token dies then, so there is nothing to ask with).
+{% endif %}  # If the control plane cannot delete it, the machine ends itself within
   # {{ self_stop_minutes }} minutes rather than renting on.
   ${VERI_SHUTDOWN:-shutdown} -h +{{ self_stop_minutes }}
 }
 
 # The machine could not be made ready. No customer code exists here yet, so the control plane
-# believes this report (only before the worker registers) and the job ends as the platform's
-# provisioning_error, refunded.
+# believes this report (only before the worker registers, or while a replica starts) and the job
+# or replica ends as the platform's provisioning_error, refunded.
 fail() {
   echo "[veri] bootstrap failed: $1"
-  curl -sS --max-time 30 -X POST -H "Authorization: Bearer $VERI_JOB_TOKEN" \
-    -H "Content-Type: application/json" "$api/v1/worker/jobs/$job/complete" \
+{% if kind == "jobs" %}  curl -sS --max-time 30 -X POST -H "Authorization: Bearer $worker_token" \
+    -H "Content-Type: application/json" "$routes/complete" \
     --data "{\"ok\": false, \"error_code\": \"provisioning_error\", \"message\": \"The machine's bootstrap failed: $1\"}" \
     || true
+{% else %}  curl -sS --max-time 30 -X POST -H "Authorization: Bearer $worker_token" \
+    -H "Content-Type: application/json" "$routes/failed" \
+    --data "{\"code\": \"provisioning_error\", \"message\": \"The machine's bootstrap failed: $1\"}" \
+    || true
+{% endif %}
   end_machine
   exit 1
 }
@@ -67,8 +77,8 @@ command -v curl >/dev/null || { echo "[veri] no curl: cannot reach the control p
 # What to install: the control plane picks the wheelhouse for the CUDA version the driver offers.
 started=$(now)
 cuda=$( (nvidia-smi 2>/dev/null || true) | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
-fetch -H "Authorization: Bearer $VERI_JOB_TOKEN" -o "$dist/manifest" \
-  "$api/v1/worker/jobs/$job/bootstrap?cuda=$cuda" || fail "it could not ask $api what to install"
+fetch -H "Authorization: Bearer $worker_token" -o "$dist/manifest" \
+  "$routes/bootstrap?cuda=$cuda" || fail "it could not ask $api what to install"
 python="" backend="" index="" package="" uv="" worker=""
 : >"$dist/core.cfg"; : >"$dist/core.sums"; : >"$dist/wheels.cfg"; : >"$dist/wheels.sums"
 while read -r kind a b c d; do
@@ -128,10 +138,21 @@ fi
 install_seconds=$(since "$started")
 export VERI_BOOTSTRAP="backend=$backend source=$source fetch_seconds=$fetch_seconds python_seconds=$python_seconds install_seconds=$install_seconds"
 echo "[veri] installed: $VERI_BOOTSTRAP"
-
+{% if engine_requirement %}
+# The serving engine (settings.VERI_VLLM_REQUIREMENT) in a virtualenv of its own: it pins its own
+# torch, which uv takes built for the CUDA version the driver offers (--torch-backend auto). Its
+# executables (`vllm`) go on the worker's PATH.
+engine={{ engine_requirement|shell }}
+started=$(now)
+"$uv" venv --quiet --python "$python" "$root/engine" || fail "no Python $python could be found for $engine"
+"$uv" pip install --quiet --python "$root/engine/bin/python" --torch-backend auto \
+  --index-url "${index:-https://pypi.org/simple}" "$engine" || fail "$engine could not be installed"
+export PATH="$root/engine/bin:$PATH"
+echo "[veri] installed $engine in $(since "$started") s"
+{% endif %}
 export VERI_WORK_DIR="$root/work" VERI_MOUNT_ROOT="$root/mnt"
 cd "$root/work"
 status=0
-"$root/venv/bin/python" -m worker run --job "$job" --api "$api" || status=$?
+"$root/venv/bin/python" -m worker{% for arg in worker_command %} {{ arg|shell }}{% endfor %} || status=$?
 echo "[veri] worker exited with ${status}"
 end_machine

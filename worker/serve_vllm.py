@@ -1,0 +1,197 @@
+"""A replica's vLLM, on a rented GPU machine (`python -m worker serve … --engine vllm`): with the
+base model and adapters fetched as the CPU engine fetches them, start vLLM's OpenAI-compatible
+server on this machine's loopback with LoRA enabled, wait for its `/health`, report ready with its
+URL, heartbeat while it lives, and report it failed with its last output lines when it exits.
+
+The machine's bootstrap installs vLLM (the control plane's VERI_VLLM_REQUIREMENT) in a virtualenv
+of its own and puts its `vllm` on PATH. A model vLLM cannot load is the customer's
+`model_load_error`; vLLM dying once it served is the platform's `replica_failed`. Never with
+`--trust-remote-code`: a base model's own code is not run here."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import httpx
+
+from worker.client import ControlPlane, ControlPlaneError
+
+# vLLM's choices for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks): the smallest that holds
+# every adapter's rank is taken.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+TAIL_LINES = 40  # of vLLM's output, sent with a failure
+POLL_SECONDS = 0.5
+STOP_SECONDS = 30  # how long vLLM gets to exit on SIGTERM before it is killed
+MAX_MESSAGE = 10_000  # the control plane's limit on a failure's message
+
+
+def max_lora_rank(adapters: dict[str, Path]) -> int:
+    """The smallest rank vLLM offers that holds each adapter's `r` (its adapter_config.json)."""
+    biggest = 0
+    for name, folder in adapters.items():
+        config = json.loads((folder / "adapter_config.json").read_text())
+        rank = config.get("r")
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"adapter {name}: adapter_config.json has no LoRA rank `r`")
+        biggest = max(biggest, rank)
+    fitting = [r for r in LORA_RANKS if r >= biggest]
+    if not fitting:
+        raise ValueError(f"a LoRA rank of {biggest} is above vLLM's largest, {LORA_RANKS[-1]}")
+    return fitting[0]
+
+
+def lora_module(name: str, folder: Path) -> str:
+    """One `--lora-modules` item: `name=path`, or vLLM's JSON form for a name holding `=`."""
+    if "=" in name:
+        return json.dumps({"name": name, "path": str(folder)})
+    return f"{name}={folder}"
+
+
+def command(
+    *,
+    base: str | Path,
+    served_name: str,
+    adapters: dict[str, Path],
+    port: int,
+    tensor_parallel_size: int,
+    max_loras: int,
+) -> list[str]:
+    """`vllm serve` for the base (a folder, or a hub id vLLM fetches), served under the
+    deployment's base name, each adapter under its own name, on loopback."""
+    args = [
+        "vllm",
+        "serve",
+        str(base),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_name,
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
+    ]
+    if adapters:
+        args += [
+            "--enable-lora",
+            "--max-loras",
+            str(max_loras),
+            "--max-lora-rank",
+            str(max_lora_rank(adapters)),
+            "--lora-modules",
+            *(lora_module(name, folder) for name, folder in adapters.items()),
+        ]
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _report(api: ControlPlane, path: str, body: dict) -> bool:
+    """False when the control plane no longer knows the replica (it was stopped meanwhile)."""
+    try:
+        api.call("POST", path, json=body, attempts=5)
+    except ControlPlaneError as exc:
+        if exc.status in (401, 403, 404):
+            return False
+        raise
+    return True
+
+
+def _stop(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def run(
+    api: ControlPlane,
+    *,
+    base: str | Path,
+    served_name: str,
+    adapters: dict[str, Path],
+    tensor_parallel_size: int,
+    max_loras: int,
+    heartbeat_seconds: float,
+) -> int:
+    if shutil.which("vllm") is None:  # the bootstrap's install went missing: not the customer's
+        _report(
+            api,
+            "/failed",
+            {"code": "provisioning_error", "message": "vLLM is not installed (no `vllm` on PATH)."},
+        )
+        return 1
+    port = free_port()
+    try:
+        args = command(
+            base=base,
+            served_name=served_name,
+            adapters=adapters,
+            port=port,
+            tensor_parallel_size=tensor_parallel_size,
+            max_loras=max_loras,
+        )
+    except (OSError, ValueError) as exc:  # an adapter without a readable config
+        _report(api, "/failed", {"code": "model_load_error", "message": str(exc)[:MAX_MESSAGE]})
+        return 1
+    print(f"[veri] starting {' '.join(args)}", flush=True)
+    child = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def relay() -> None:  # into the machine's log, and the last lines kept for a failure
+        for line in child.stdout:
+            tail.append(line)
+            sys.stderr.write(line)
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    url, ready = f"http://127.0.0.1:{port}", False
+    next_beat = time.monotonic() + heartbeat_seconds
+    try:
+        while True:
+            status = child.poll()
+            if status is not None:
+                reader.join(5)
+                when = "after serving" if ready else "while loading the model"
+                head = f"vLLM exited with status {status} {when}. Its last lines:\n"
+                body = "".join(tail)[-(MAX_MESSAGE - len(head)) :]
+                code = "replica_failed" if ready else "model_load_error"
+                _report(api, "/failed", {"code": code, "message": head + body})
+                return 1
+            if not ready and healthy(url):
+                if not _report(api, "/ready", {"url": url}):
+                    return 0
+                ready = True
+                print(f"[veri] vLLM serves {served_name} and {sorted(adapters)} on {url}")
+            if time.monotonic() >= next_beat:  # also while loading: a stopped replica ends it
+                try:
+                    if not _report(api, "/heartbeat", {}):
+                        return 0
+                except ControlPlaneError:  # the control plane's trouble: the next beat tells
+                    pass
+                next_beat = time.monotonic() + heartbeat_seconds
+            time.sleep(POLL_SECONDS)
+    finally:
+        _stop(child)
