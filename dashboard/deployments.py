@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 
 from billing import selectors as billing_selectors
 from dashboard import progress
-from dashboard.jobs import _job, _timeline
+from dashboard.jobs import timeline, workspace_job
 from dashboard.workspaces import or_404, workspace_view
 from openai_api import objects as openai_objects
 from openai_api import selectors as openai_selectors
@@ -89,7 +89,7 @@ def _deployment_page(request, deployment: Deployment, form: SettingsForm, status
         "deployment": deployment,
         "catalog_error": errors.CATALOG.get(deployment.error_code),
         "replicas": _replicas(deployment, now),
-        "timeline": _timeline(selectors.list_events(deployment=deployment)),
+        "timeline": timeline(selectors.list_events(deployment=deployment)),
         "cost_micros": _cost_micros(deployment, charged, now),
         "form": form,
         "playground": _playground_url(deployment),
@@ -168,7 +168,7 @@ def deployable_name(job: TrainingJob) -> str | None:
 def job_deploy(request, job_id: str):
     """Deploy the job's adapter on the defaults (scale to zero when idle), or go to the
     deployment already serving it."""
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     name = deployable_name(job)
     try:
         if name is None:

@@ -31,7 +31,7 @@ LOG_LINES = 1000
 SAMPLE_GROUPS = 10  # prompts (each with its rollouts) on a page of the Samples table
 
 
-def _job(request, job_id: str):
+def workspace_job(request, job_id: str):
     return or_404(selectors.get_job, workspace=request.workspace, job_id=job_id)
 
 
@@ -83,7 +83,7 @@ def job_new(request):
     else:
         initial, source = {}, None
         if clone := request.GET.get("clone"):
-            source = _job(request, clone)
+            source = workspace_job(request, clone)
             initial = NewJobForm.initial_from(job_services.submission_of(source))
             initial["reward_name"] = (
                 f"the reward of {source.public_id}" if source.reward_source else ""
@@ -266,7 +266,7 @@ class TimelineEntry:
     detail: str
 
 
-def _timeline(events) -> list[TimelineEntry]:
+def timeline(events) -> list[TimelineEntry]:
     """Each event with its step and what it says: its message, else its other details."""
     entries = []
     for event in events:
@@ -300,7 +300,7 @@ def _runs(job, job_money) -> list[dict]:
 
 @workspace_view
 def job_detail(request, job_id: str):
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     checkpoints = selectors.list_checkpoints(job=job).order_by("-step", "-final")
     refund = getattr(job, "refund", None)  # select_related: None when there is none
     instance = getattr(job, "instance", None)  # cached for job_accrued_micros
@@ -314,7 +314,7 @@ def job_detail(request, job_id: str):
         "dashboard/job.html",
         {
             "job": job,
-            "timeline": _timeline(selectors.list_events(job=job).order_by("pk")),
+            "timeline": timeline(selectors.list_events(job=job).order_by("pk")),
             "checkpoints": checkpoints,
             "catalog_error": errors.CATALOG.get(job.error_code),
             "refund": refund,
@@ -344,7 +344,7 @@ def job_detail(request, job_id: str):
 
 @workspace_view
 def job_status(request, job_id: str):
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     return JsonResponse(
         {
             "progress": progress.job_progress(job).as_json(),
@@ -360,7 +360,7 @@ def job_status(request, job_id: str):
 @workspace_view
 def job_logs(request, job_id: str):
     """Lines after `?after=` (the Logs tab's live tail)."""
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     after = int_param(request, "after", -1)
     lines = selectors.log_lines_after(job=job, after=after, limit=LOG_LINES)
     return JsonResponse(
@@ -374,7 +374,7 @@ def job_logs(request, job_id: str):
 
 @workspace_view
 def job_full_log(request, job_id: str):
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     chunks = log_services.full_log(job=job) or iter(())
     response = StreamingHttpResponse(chunks, content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{job.public_id}.log"'
@@ -384,7 +384,7 @@ def job_full_log(request, job_id: str):
 @workspace_view
 def job_metrics(request, job_id: str):
     """Points after `?after_step=` (the Metrics tab's live charts)."""
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     after = int_param(request, "after_step", -1)
     points = selectors.list_metrics(job=job).filter(step__gt=after).order_by("step")[:5000]
     return JsonResponse(
@@ -410,7 +410,7 @@ def job_samples(request, job_id: str):
     """One page of the Samples table: rollouts grouped by step and prompt, filtered by `step`,
     `min_reward` and `max_reward`, ordered by `sort` (`-step`, `step`, `-reward`, `reward`: a
     group's mean reward); with the job's alarms."""
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     step = int_param(request, "step", -1)
     found = selectors.sample_groups(
         job=job,
@@ -460,7 +460,7 @@ def job_samples(request, job_id: str):
 @workspace_view
 def checkpoint_file(request, job_id: str, checkpoint_id: str, path: str):
     """A checkpoint file's download, signed at the click: links on a page left open still work."""
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     checkpoint = selectors.list_checkpoints(job=job).filter(public_id=checkpoint_id).first()
     files = selectors.checkpoint_files(checkpoint=checkpoint, only=path) if checkpoint else []
     if not files:
@@ -471,7 +471,7 @@ def checkpoint_file(request, job_id: str, checkpoint_id: str, path: str):
 @require_POST
 @workspace_view
 def job_cancel(request, job_id: str):
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     if not job.is_terminal:
         job_services.cancel_job(job=job)
     return redirect("dashboard:job", job_id=job.public_id)
@@ -480,7 +480,7 @@ def job_cancel(request, job_id: str):
 @require_POST
 @workspace_view
 def job_resume(request, job_id: str):
-    job = _job(request, job_id)
+    job = workspace_job(request, job_id)
     try:
         new = job_services.resume_job(job=job, checkpoint_id=request.POST.get("checkpoint") or None)
     except VeriError as exc:
