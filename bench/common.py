@@ -72,6 +72,18 @@ def new_workspace(env: dict, name: str = "bench", *options: str, migrate: bool =
     return created.stdout.strip().splitlines()[-1]
 
 
+def tiny_model(env: dict, folder: Path) -> Path:
+    """The tiny causal LM the suite trains (made here: no model hub), in `folder`."""
+    subprocess.run(
+        [sys.executable, "-m", "worker.tinymodel", str(folder)],
+        env=env,
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    return folder
+
+
 def embedded_env(work: Path, port: int) -> dict:
     """The embedded default (SQLite, local store, local provider) in the folder `work`, served
     at `port`."""

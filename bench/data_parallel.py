@@ -10,12 +10,17 @@ with the control plane, so this measures the data-parallel path's overhead more 
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import embedded_env, embedded_platform, free_port, new_workspace, steps_per_second
+from bench.common import (
+    embedded_env,
+    embedded_platform,
+    free_port,
+    new_workspace,
+    steps_per_second,
+    tiny_model,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = [
@@ -33,10 +38,7 @@ def main() -> None:
     port = free_port()
     env = embedded_env(work, port) | {"VERI_LOCAL_SLOTS": "1"}
     key = new_workspace(env, "bench", "--credit", "100")
-    model = work / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "worker.tinymodel", str(model)], env=env, check=True, cwd=REPO
-    )
+    model = tiny_model(env, work / "tiny")
     data = work / "sft.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     results = {}

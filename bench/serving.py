@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import MANAGE, embedded_env, free_port, new_workspace, wait_for
+from bench.common import MANAGE, embedded_env, free_port, new_workspace, tiny_model, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = [
@@ -163,14 +163,7 @@ def main() -> None:
     api = f"http://127.0.0.1:{port}"
     env = embedded_env(work, port)
     key = new_workspace(env, "bench", "--credit", "1000")
-    model = work / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "worker.tinymodel", str(model)],
-        env=env,
-        check=True,
-        capture_output=True,
-        cwd=REPO,
-    )
+    model = tiny_model(env, work / "tiny")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -27,7 +27,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.common import embedded_env, embedded_platform, free_port, new_workspace
+from bench.common import embedded_env, embedded_platform, free_port, new_workspace, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 REWARD = (
@@ -205,14 +205,7 @@ def main() -> None:
     api_url = f"http://127.0.0.1:{port}"
     env = embedded_env(work, port)
     key = new_workspace(env, "bench", "--credit", "1000")
-    model = work / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "worker.tinymodel", str(model)],
-        env=env,
-        check=True,
-        capture_output=True,
-        cwd=REPO,
-    )
+    model = tiny_model(env, work / "tiny")
     data = work / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     Path(f"{data}.reward.py").write_text(REWARD)
