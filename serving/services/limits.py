@@ -24,6 +24,7 @@ PERIOD = 60.0  # seconds: limits are per minute
 # The serving process's `max_tokens` when a request gives none (worker.openai_requests).
 DEFAULT_MAX_TOKENS = {"chat": 256, "completion": 16}
 
+# PostgreSQL's GREATEST/LEAST are SQLite's many-argument MAX/MIN (the embedded default).
 ADMIT = """
 INSERT INTO serving_ratelimit AS r (workspace_id, requests_full_at, tokens_full_at)
 VALUES (%(ws)s, %(now)s + %(period)s / %(rpm)s, %(now)s + %(period)s * %(cost)s / %(tpm)s)
@@ -99,8 +100,11 @@ def admit(*, workspace: Workspace, tokens: int) -> dict[str, str]:
         # A request larger than a whole minute's tokens waits for a full bucket, no more.
         "cost": min(tokens, settings.VERI_RATE_LIMIT_TOKENS_PER_MINUTE),
     }
+    sql = ADMIT
+    if connection.vendor == "sqlite":
+        sql = sql.replace("GREATEST(", "MAX(").replace("LEAST(", "MIN(")
     with connection.cursor() as cursor:
-        cursor.execute(ADMIT, params)
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is not None:
         return headers(Bucket(row[2], row[0]), Bucket(row[3], row[1]), now)

@@ -3,6 +3,9 @@
 (the official client waits it out and retries, then raises RateLimitError), an operator's
 override, and never one request more than the limit under concurrent requests."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -10,6 +13,7 @@ import openai
 import pytest
 
 from serving.models import RateLimit
+from tests.conftest import REPO
 from tests.openai_api.conftest import openai_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -123,3 +127,38 @@ def test_an_operator_sets_a_workspaces_limits_in_the_admin(api_client, workspace
     assert answer["x-ratelimit-limit-requests"] == "3"
     assert answer["x-ratelimit-remaining-requests"] == "2"
     assert answer["x-ratelimit-limit-tokens"] == "1000000"  # the setting's: no override
+
+
+SQLITE_ADMITS = """
+from django.test.utils import override_settings
+from serving.services import limits
+from veri import services
+from veri.errors import TooManyRequests
+
+workspace, _ = services.create_workspace(name="embedded")
+with override_settings(VERI_RATE_LIMIT_REQUESTS_PER_MINUTE=2):
+    for _ in range(2):
+        limits.admit(workspace=workspace, tokens=10)
+    try:
+        limits.admit(workspace=workspace, tokens=10)
+    except TooManyRequests as refused:
+        print("refused after", refused.headers["retry-after-ms"], "ms")
+"""
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_embedded_defaults_sqlite_admits_and_refuses_too(tmp_path):
+    """`make demo`'s database is SQLite, which has no GREATEST/LEAST: the limits' one statement
+    must run there as on PostgreSQL (it answered every inference request with a 500)."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "VERI_STORE": f"file://{tmp_path / 'store'}",
+    }
+    manage = [sys.executable, str(REPO / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=REPO)
+    ran = subprocess.run(
+        [*manage, "shell", "-c", SQLITE_ADMITS], env=env, capture_output=True, text=True, cwd=REPO
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "refused after" in ran.stdout, ran.stdout
