@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "providers",
     "serving",
     "openai_api",
+    "tinker_api",
     "webhooks",
     "dashboard",
 ]

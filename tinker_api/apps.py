@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TinkerApiConfig(AppConfig):
+    name = "tinker_api"
+    verbose_name = "Tinker: sessions, training clients and their operations"
