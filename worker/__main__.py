@@ -1,6 +1,7 @@
 """`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN; `python -m
 worker serve --replica ID --api URL`, a deployment's serving process, with the replica token in
-VERI_REPLICA_TOKEN."""
+VERI_REPLICA_TOKEN; `python -m worker tinker --model ID --api URL`, a Tinker training client's
+model, with the model token in VERI_TINKER_TOKEN."""
 
 import argparse
 import sys
@@ -19,11 +20,18 @@ def main() -> int:
     serve_parser = commands.add_parser("serve", help="serve a deployment's models (one replica)")
     serve_parser.add_argument("--replica", required=True)
     serve_parser.add_argument("--api", required=True, help="the control plane")
+    tinker_parser = commands.add_parser("tinker", help="hold one Tinker training client's model")
+    tinker_parser.add_argument("--model", required=True)
+    tinker_parser.add_argument("--api", required=True, help="the control plane")
     args = parser.parse_args()
     if args.command == "serve":
         from worker.serve import serve  # torch loads only where a model is served
 
         return serve(replica_id=args.replica, api_url=args.api)
+    if args.command == "tinker":
+        from worker.tinker import serve_model
+
+        return serve_model(model_id=args.model, api_url=args.api)
     return run(job_id=args.job, api_url=args.api)
 
 

@@ -59,6 +59,7 @@ class TinkerModel:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
         self.tokens_processed = 0
+        self.vocab = model.get_input_embeddings().num_embeddings
 
     def forward_backward(
         self, data: list[dict], loss_fn: str, config: dict, *, backward: bool = True
@@ -82,6 +83,12 @@ class TinkerModel:
                 )
             if not tokens.numel():
                 raise LossInputError(f"data[{index}] has no tokens.")
+            for what, ids in (("model_input", tokens), ("target_tokens", targets)):
+                if int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
+                    raise LossInputError(
+                        f"data[{index}]: {what} holds a token outside this model's vocabulary "
+                        f"(0 to {self.vocab - 1})."
+                    )
             with torch.set_grad_enabled(backward):
                 logits = self.model(input_ids=tokens[None]).logits[0]
                 logprobs = target_logprobs(logits, targets.long())
