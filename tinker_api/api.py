@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, exceptions, permissions, serializers
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -52,6 +53,14 @@ class TinkerKeyAuthentication(authentication.BaseAuthentication):
         return "X-API-Key"  # makes DRF answer 401 (not 403) when no key is sent
 
 
+class AnswerJson(DefaultContentNegotiation):
+    """The client asks for protobuf (`Accept`) where it can read either: JSON it gets, unless a
+    view answers protobuf itself."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class HasTinkerKey(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         return isinstance(request.auth, TinkerKey)
@@ -61,6 +70,7 @@ class HasTinkerKey(permissions.BasePermission):
 class TinkerView(ValidatingView):
     authentication_classes = [TinkerKeyAuthentication]
     permission_classes = [HasTinkerKey]
+    content_negotiation_class = AnswerJson
 
     @property
     def workspace(self):
