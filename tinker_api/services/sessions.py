@@ -126,8 +126,7 @@ def launch_model(*, model_pk: int) -> str:
     if not claimed:
         return "not claimed"
     model = TinkerModel.objects.get(pk=model_pk)
-    token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
-    TinkerModel.objects.filter(pk=model.pk).update(token_hash=token_hash(token))
+    token = mint_token(model=model)
     region = settings.VERI_DEFAULT_REGION
     api = settings.VERI_PUBLIC_URL
     spec = LaunchSpec(
@@ -150,6 +149,13 @@ def launch_model(*, model_pk: int) -> str:
         return "provisioning_error"
     TinkerModel.objects.filter(pk=model.pk).update(external_id=external_id)
     return "launched"
+
+
+def mint_token(*, model: TinkerModel) -> str:
+    """The model's worker token (only its hash is kept); an earlier one dies."""
+    token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
+    TinkerModel.objects.filter(pk=model.pk).update(token_hash=token_hash(token))
+    return token
 
 
 def machine_tag(model_pk: int) -> str:
