@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from tinker_api import selectors, wire
 from tinker_api.models import OpKind, OpStatus, TinkerKey
-from tinker_api.services import base_models, keys, sessions
+from tinker_api.services import base_models, checkpoints, keys, sessions
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
@@ -258,6 +258,63 @@ class OptimStepView(TinkerView):
         return _future(operation)
 
 
+class SaveWeightsView(TinkerView):
+    class Input(serializers.Serializer):
+        model_id = serializers.CharField(max_length=80)
+        seq_id = serializers.IntegerField(min_value=1)
+        path = serializers.CharField(max_length=100, required=False, allow_null=True)
+
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.Input, request.data)
+        model = self.model(data["model_id"])
+        return _future(checkpoints.save(model=model, seq_id=data["seq_id"], name=data.get("path")))
+
+
+class LoadWeightsView(TinkerView):
+    """On a model (`model_id`, `seq_id`: `load_state`), or as a new model's creation
+    (`session_id`, `model_seq_id`: `create_training_client_from_state`)."""
+
+    class Input(serializers.Serializer):
+        model_id = serializers.CharField(max_length=80, required=False, allow_null=True)
+        seq_id = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+        session_id = serializers.CharField(max_length=40, required=False, allow_null=True)
+        model_seq_id = serializers.IntegerField(min_value=0, max_value=10_000, required=False)
+        path = serializers.CharField(max_length=300)
+        optimizer = serializers.BooleanField()
+        optimizer_config = serializers.DictField(required=False, allow_null=True)
+        user_metadata = serializers.DictField(required=False, allow_null=True)
+        weights_access_token = serializers.CharField(required=False, allow_null=True)
+
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.Input, request.data)
+        if data.get("weights_access_token"):
+            raise Unsupported("Loading another account's checkpoint is not supported.")
+        _optimizer_is_adam(data.get("optimizer_config"))
+        if data.get("model_id"):
+            if not data.get("seq_id"):
+                raise VeriError("seq_id goes with model_id.", field="seq_id")
+            operation = checkpoints.load(
+                model=self.model(data["model_id"]),
+                seq_id=data["seq_id"],
+                path=data["path"],
+                optimizer=data["optimizer"],
+            )
+            return _future(operation)
+        if not data.get("session_id") or data.get("model_seq_id") is None:
+            raise VeriError("Send model_id and seq_id, or session_id and model_seq_id.")
+        session = selectors.get_session(workspace=self.workspace, session_id=data["session_id"])
+        checkpoint = checkpoints.resolve(workspace=self.workspace, path=data["path"])
+        operation = sessions.create_model(
+            session=session,
+            model_seq_id=data["model_seq_id"],
+            base_model=checkpoint.model.base_model,
+            lora=checkpoint.model.lora,
+            user_metadata=data.get("user_metadata") or {},
+            load=checkpoints.load_payload(checkpoint, optimizer=data["optimizer"]),
+        )
+        return _future(operation)
+
+
 class RetrieveFutureView(TinkerView):
     class Input(serializers.Serializer):
         request_id = serializers.CharField(max_length=40)
@@ -279,8 +336,13 @@ class RetrieveFutureView(TinkerView):
         if operation.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
             body = wire.encode_forward_backward_output(operation.result)
             return HttpResponse(body, content_type=PROTOBUF)
+        model_id = operation.model.model_id
+        load = operation.payload.get("load") if operation.kind == OpKind.CREATE else None
+        if operation.kind == OpKind.LOAD_WEIGHTS or load:
+            path = (load or operation.payload)["path"]
+            return Response({"type": "load_weights", "path": path, "model_id": model_id})
         if operation.kind == OpKind.CREATE:
-            return Response({"type": "create_model", "model_id": operation.model.model_id})
+            return Response({"type": "create_model", "model_id": model_id})
         return Response(operation.result)
 
 

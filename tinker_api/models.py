@@ -87,6 +87,8 @@ class OpKind(models.TextChoices):
     FORWARD_BACKWARD = "forward_backward"
     FORWARD = "forward"
     OPTIM_STEP = "optim_step"
+    SAVE_WEIGHTS = "save_weights"
+    LOAD_WEIGHTS = "load_weights"
 
 
 class OpStatus(models.TextChoices):
@@ -120,3 +122,20 @@ class TinkerOperation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_id}#{self.seq_id} {self.kind}"
+
+
+class TinkerCheckpoint(models.Model):
+    """A model's state saved by `save_state` (LoRA weights and AdamW state), addressed by the
+    client as `tinker://<model_id>/weights/<name>`. Its files are under the workspace's
+    `tinker/<public_id>/` folder; `files` is set once they are all uploaded."""
+
+    model = models.ForeignKey(TinkerModel, on_delete=models.CASCADE, related_name="checkpoints")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
+    public_id = public_id_field("tck")
+    operation = models.OneToOneField(TinkerOperation, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100)
+    files = models.JSONField(null=True, blank=True)  # [{path, size}] once complete
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.model.model_id}/weights/{self.name}"

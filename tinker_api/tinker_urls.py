@@ -16,6 +16,8 @@ urlpatterns = [
     path("get_info", api.GetInfoView.as_view()),
     path("forward_backward", api.ForwardBackwardView.as_view()),
     path("optim_step", api.OptimStepView.as_view()),
+    path("save_weights", api.SaveWeightsView.as_view()),
+    path("load_weights", api.LoadWeightsView.as_view()),
     path("retrieve_future", api.RetrieveFutureView.as_view()),
     re_path(r"^(?P<path>.*)$", api.unsupported),
 ]

@@ -12,5 +12,6 @@ urlpatterns = [
     path(f"{W}/register", worker_api.RegisterView.as_view()),
     path(f"{W}/next", worker_api.NextView.as_view()),
     path(f"{W}/operations/<str:request_id>", worker_api.ResultView.as_view()),
+    path(f"{W}/operations/<str:request_id>/uploads", worker_api.UploadsView.as_view()),
     path(f"{W}/failed", worker_api.FailedView.as_view()),
 ]

@@ -10,12 +10,17 @@ from rest_framework.response import Response
 
 from tinker_api import wire
 from tinker_api.models import OpKind, TinkerModel
-from tinker_api.services import workers
+from tinker_api.services import checkpoints, workers
 from training.worker_api import bearer_token
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
 MAX_WAIT_SECONDS = 30.0
+
+
+class SavedFile(serializers.Serializer):
+    path = serializers.CharField(max_length=200)
+    size = serializers.IntegerField(min_value=0)
 
 
 class ModelTokenAuthentication(authentication.BaseAuthentication):
@@ -97,11 +102,17 @@ class ResultView(ModelWorkerView):
 
 
 def _check_result(kind: str, result: dict | None) -> None:
-    """A result the client can read: forward outputs that encode, numeric metrics."""
-    if kind == OpKind.CREATE:
+    """A result the client can read: forward outputs that encode, numeric metrics, a save's
+    files."""
+    if kind in (OpKind.CREATE, OpKind.LOAD_WEIGHTS):
         return
     if not isinstance(result, dict):
         raise VeriError("A result is an object.", field="result")
+    if kind == OpKind.SAVE_WEIGHTS:
+        files = SavedFile(data=result.get("files"), many=True)
+        if not files.is_valid() or not 0 < len(files.validated_data) <= checkpoints.MAX_FILES:
+            raise VeriError("A save's result lists its files: [{path, size}].", field="result")
+        return
     metrics = result.get("metrics") or {}
     if not isinstance(metrics, dict) or not all(
         isinstance(k, str) and isinstance(v, int | float) for k, v in metrics.items()
@@ -112,6 +123,18 @@ def _check_result(kind: str, result: dict | None) -> None:
             wire.encode_forward_backward_output(result)
         except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
             raise VeriError(f"The forward outputs do not encode: {exc}", field="result") from exc
+
+
+class UploadsView(ModelWorkerView):
+    class Input(serializers.Serializer):
+        files = SavedFile(many=True)
+
+    def post(self, request: Request, model_id: str, request_id: str) -> Response:
+        data = self.validated(self.Input, request.data)
+        urls = checkpoints.upload_urls(
+            model=request.auth, request_id=request_id, files=data["files"]
+        )
+        return Response({"files": urls})
 
 
 class FailedView(ModelWorkerView):

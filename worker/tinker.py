@@ -33,9 +33,37 @@ def load(spec: dict, work: Path):
     return TinkerModel(path, spec["lora"])
 
 
-def run_operation(model, operation: dict) -> dict:
+def save(api: ControlPlane, model, operation: dict, work: Path) -> dict:
+    """The model's state into files, uploaded to the URLs the control plane signs for them."""
+    folder = work / "saves" / operation["request_id"]
+    files = [{"path": p.name, "size": p.stat().st_size} for p in model.save(folder)]
+    targets = api.call(
+        "POST", f"/operations/{operation['request_id']}/uploads", json={"files": files}
+    )
+    with httpx.Client(timeout=600) as http:
+        for target in targets["files"]:
+            headers = {**target["headers"], "Content-Type": "application/octet-stream"}
+            data = (folder / target["path"]).read_bytes()
+            http.put(target["url"], content=data, headers=headers).raise_for_status()
+    return {"files": files}
+
+
+def load_state(model, load: dict, work: Path, request_id: str) -> None:
+    folder = work / "loads" / request_id
+    fetch_files(httpx.Client(timeout=600), load["files"], folder)
+    model.load(folder, optimizer=load["optimizer"])
+
+
+def run_operation(api: ControlPlane, model, operation: dict, work: Path) -> dict:
     kind, payload = operation["kind"], operation["payload"]
     if kind == "create_model":
+        if payload.get("load"):  # a model created from a saved state
+            load_state(model, payload["load"], work, operation["request_id"])
+        return {}
+    if kind == "save_weights":
+        return save(api, model, operation, work)
+    if kind == "load_weights":
+        load_state(model, payload, work, operation["request_id"])
         return {}
     if kind in ("forward_backward", "forward"):
         return model.forward_backward(
@@ -79,7 +107,7 @@ def serve_model(*, model_id: str, api_url: str) -> int:
             continue
         started = time.monotonic()
         try:
-            body = {"ok": True, "result": run_operation(model, operation)}
+            body = {"ok": True, "result": run_operation(api, model, operation, work)}
         except LossInputError as exc:
             body = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - the worker's own fault ends the model

@@ -13,6 +13,7 @@ from worker.tinker_losses import LOSSES, LossInputError, target_logprobs
 ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
 MLP = {"gate_proj", "up_proj", "down_proj"}
 UNEMBED = {"lm_head"}
+OPTIMIZER_FILE = "optimizer.pt"
 TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
@@ -112,3 +113,28 @@ class TinkerModel:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"metrics": {"grad_norm:mean": float(norm)}}
+
+    def save(self, folder: Path) -> list[Path]:
+        """The LoRA (PEFT's adapter files) and the AdamW state, as files in `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        return sorted(p for p in folder.iterdir() if p.is_file())
+
+    def load(self, folder: Path, *, optimizer: bool) -> None:
+        """A saved state into this model: the LoRA weights, and the AdamW state when asked
+        (else the optimizer starts afresh). A checkpoint of another shape is the caller's error."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(folder / "adapter_model.safetensors")
+        try:
+            result = set_peft_model_state_dict(self.model, weights)
+        except RuntimeError as exc:  # shapes differ: another rank or base model
+            raise LossInputError(f"The checkpoint does not fit this model: {exc}") from exc
+        if getattr(result, "unexpected_keys", None):
+            raise LossInputError("The checkpoint's LoRA covers other layers than this model's.")
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
+        if optimizer:
+            self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+        self.optimizer.zero_grad(set_to_none=True)

@@ -78,3 +78,45 @@ def test_a_supervised_loop_lowers_the_loss(
         training.forward_backward(data, "dro").result()
     model = TinkerModel.objects.get()
     assert (model.status, model.base_model) == (ModelStatus.READY, TINY)
+
+
+def losses_of(training, data, steps: int, learning_rate: float = 2e-2) -> list[float]:
+    """`steps` × (forward_backward + optim_step), then one more forward: each loss."""
+    found = []
+    for _ in range(steps):
+        backward = training.forward_backward(data, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=learning_rate)).result()
+        found.append(backward.result().metrics["loss:sum"])
+    found.append(training.forward(data, "cross_entropy").result().metrics["loss:sum"])
+    return found
+
+
+def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    tiny_model,
+    stop_models,
+):
+    platform()
+    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    first = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    data = supervised(AutoTokenizer.from_pretrained(tiny_model))
+    losses_of(first, data, 3)
+    saved = first.save_state("after-3").result()
+    assert saved.path == f"tinker://{first.model_id}/weights/after-3"
+    expected = losses_of(first, data, 2)  # what the first client computes next
+
+    # A new client made from the state (weights and Adam's moments) goes on exactly the same.
+    resumed = service.create_training_client_from_state_with_optimizer(saved.path).result()
+    assert resumed.model_id != first.model_id
+    assert losses_of(resumed, data, 2) == pytest.approx(expected, rel=1e-5)
+
+    # load_state on a fresh client: the weights only, so the first loss is the same.
+    other = service.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()
+    other.load_state(saved.path).result()
+    assert other.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        expected[0], rel=1e-5
+    )
+    with pytest.raises(tinker.NotFoundError):
+        other.load_state(f"tinker://{first.model_id}/weights/never-saved").result()

@@ -86,9 +86,11 @@ def create_model(
     base_model: str,
     lora: dict,
     user_metadata: dict,
+    load: dict | None = None,
 ) -> TinkerOperation:
-    """The model's creation, as an operation its worker answers once the model is loaded; the
-    same `model_seq_id` again (a retried request) is the same model."""
+    """The model's creation, as an operation its worker answers once the model is loaded (and
+    `load`'s checkpoint loaded into it: the client's create-from-state); the same `model_seq_id`
+    again (a retried request) is the same model."""
     if session.ended_at is not None:
         raise VeriError("This session has ended; start a new ServiceClient.", code="session_ended")
     model_id = f"{session.public_id}:train:{model_seq_id}"
@@ -111,7 +113,7 @@ def create_model(
             },
         )
         operation, _ = TinkerOperation.objects.get_or_create(
-            model=model, seq_id=0, defaults={"kind": OpKind.CREATE}
+            model=model, seq_id=0, defaults={"kind": OpKind.CREATE, "payload": {"load": load}}
         )
         if created:
             enqueue_on_commit("tinker_api.tasks.launch_model", model_pk=model.pk)

@@ -10,8 +10,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tinker_api.models import MODEL_LIVE, ModelStatus, OpStatus, TinkerModel, TinkerOperation
-from tinker_api.services import sessions
+from tinker_api.models import (
+    MODEL_LIVE,
+    ModelStatus,
+    OpKind,
+    OpStatus,
+    TinkerModel,
+    TinkerOperation,
+)
+from tinker_api.services import checkpoints, sessions
 from tinker_api.services.base_models import base_model_spec
 from veri.errors import NotFound, VeriError
 
@@ -85,6 +92,8 @@ def finish_operation(
             raise NotFound(f"No operation {request_id} for this model.")
         if operation.status != OpStatus.RUNNING:
             return  # a duplicate report, or the model ended meanwhile
+        if ok and operation.kind == OpKind.SAVE_WEIGHTS:
+            result = checkpoints.complete(operation=operation, files=result["files"])
         operation.status = OpStatus.DONE if ok else OpStatus.FAILED
         operation.result = result if ok else None
         # A worker reports only errors of the customer's request (bad inputs); its own faults
