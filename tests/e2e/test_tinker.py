@@ -120,3 +120,12 @@ def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     )
     with pytest.raises(tinker.NotFoundError):
         other.load_state(f"tinker://{first.model_id}/weights/never-saved").result()
+
+    # Its machine lost, a model ends: what waits for it fails with the catalog's code.
+    lost = TinkerModel.objects.get(model_id=other.model_id)
+    LocalProvider().terminate(lost.external_id)
+    with pytest.raises(tinker.RequestFailedError, match="worker_lost"):
+        other.forward(data, "cross_entropy").result()
+    lost.refresh_from_db()
+    assert (lost.status, lost.error_code) == (ModelStatus.FAILED, "worker_lost")
+    assert TinkerModel.objects.get(model_id=first.model_id).status == ModelStatus.READY

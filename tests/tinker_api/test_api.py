@@ -11,7 +11,13 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tests.conftest import assert_error, fill_volume
-from tinker_api.models import ModelStatus, OpStatus, TinkerModel, TinkerOperation
+from tinker_api.models import (
+    ModelStatus,
+    OpStatus,
+    TinkerCheckpoint,
+    TinkerModel,
+    TinkerOperation,
+)
 from tinker_api.services import keys, sessions
 from veri import services as veri_services
 
@@ -118,7 +124,7 @@ def test_no_key_or_an_unknown_one_is_401():
 
 @pytest.mark.parametrize(
     "path",
-    ["asample", "save_weights", "load_weights", "unload_model", "training_runs/x/checkpoints"],
+    ["asample", "create_sampling_session", "unload_model", "training_runs/x/checkpoints"],
 )
 def test_what_is_not_supported_yet_is_a_400_that_says_so(tk, path):
     error = assert_error(tk.post(f"/api/v1/{path}", {}, format="json"), 400, "unsupported")
@@ -204,3 +210,23 @@ def test_an_idle_session_ends_its_models_and_the_worker_is_told(tk):
     heartbeat = {"session_id": model.session.public_id}
     assert tk.post("/api/v1/session_heartbeat", heartbeat, format="json").status_code == 410
     assert next_op(w, -1).status_code == 401  # its token died with the model
+
+
+def test_another_workspaces_checkpoint_is_not_found(tk):
+    model = new_model(tk)
+    operation = TinkerOperation.objects.create(model=model, seq_id=1, kind="save_weights")
+    TinkerCheckpoint.objects.create(
+        model=model,
+        workspace=model.workspace,
+        operation=operation,
+        name="s1",
+        files=[{"path": "adapter_model.safetensors", "size": 1}],
+    )
+    path = f"tinker://{model.model_id}/weights/s1"
+    other = tinker_client(veri_services.create_workspace(name="other")[0])
+    session = other.post("/api/v1/create_session", {"tags": []}, format="json").json()
+    body = {"session_id": session["session_id"], "model_seq_id": 0, "path": path}
+    response = other.post("/api/v1/load_weights", body | {"optimizer": True}, format="json")
+    assert_error(response, 404, "not_found")
+    mine = {"model_id": model.model_id, "seq_id": 2, "path": path, "optimizer": False}
+    assert tk.post("/api/v1/load_weights", mine, format="json").status_code == 200
