@@ -1,7 +1,7 @@
 """`/v1/tinker/keys`: Tinker keys of the workspace, issued and revoked with a Veri API key (the
 dashboard and `veri tinker key` call these)."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,18 +27,24 @@ class CreatedKeyOut(KeyOut):
     key = serializers.CharField(help_text="The key itself, shown this once.")
 
 
-class TinkerKeysView(WorkspaceView):
-    class Input(serializers.Serializer):
-        name = serializers.CharField(max_length=100, allow_blank=True, default="")
+class TinkerKeyIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100, allow_blank=True, default="")
 
-    @extend_schema(responses={200: KeyOut(many=True)}, operation_id="tinker_keys_list")
+
+class TinkerKeysView(WorkspaceView):
+    @extend_schema(
+        responses={200: inline_serializer("TinkerKeyList", {"data": KeyOut(many=True)})},
+        operation_id="tinker_keys_list",
+    )
     def get(self, request: Request) -> Response:
         rows = selectors.list_keys(workspace=self.workspace)
         return Response({"data": KeyOut(rows, many=True).data})
 
-    @extend_schema(request=Input, responses={201: CreatedKeyOut}, operation_id="tinker_keys_create")
+    @extend_schema(
+        request=TinkerKeyIn, responses={201: CreatedKeyOut}, operation_id="tinker_keys_create"
+    )
     def post(self, request: Request) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(TinkerKeyIn, request.data)
         key, raw = keys.create_key(workspace=self.workspace, name=data["name"])
         return Response(KeyOut(key).data | {"key": raw}, status=201)
 

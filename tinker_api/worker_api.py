@@ -3,7 +3,8 @@ own model only, dead once the model ends). The worker pulls: nothing reaches int
 What it sends is hostile input."""
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -45,24 +46,35 @@ class HasModelToken(permissions.BasePermission):
         return isinstance(request.auth, TinkerModel)
 
 
-@extend_schema(exclude=True)  # the worker's side, not the customer's API
+OK = inline_serializer("TinkerWorkerOk", {"ok": serializers.BooleanField()})
+
+
 class ModelWorkerView(ValidatingView):
     authentication_classes = [ModelTokenAuthentication]
     permission_classes = [HasModelToken]
 
 
 class RegisterView(ModelWorkerView):
+    @extend_schema(
+        request=None, responses={200: OpenApiTypes.OBJECT}, operation_id="tinker_worker_register"
+    )
     def post(self, request: Request, model_id: str) -> Response:
         return Response(workers.spec(model=request.auth))
 
 
-class NextView(ModelWorkerView):
-    class Input(serializers.Serializer):
-        after = serializers.IntegerField(min_value=-1)
-        wait = serializers.FloatField(min_value=0, max_value=MAX_WAIT_SECONDS, default=10.0)
+class TinkerNextIn(serializers.Serializer):
+    after = serializers.IntegerField(min_value=-1)
+    wait = serializers.FloatField(min_value=0, max_value=MAX_WAIT_SECONDS, default=10.0)
 
+
+class NextView(ModelWorkerView):
+    @extend_schema(
+        request=TinkerNextIn,
+        responses={200: OpenApiTypes.OBJECT},
+        operation_id="tinker_worker_next",
+    )
     def post(self, request: Request, model_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(TinkerNextIn, request.data)
         wait = min(data["wait"], settings.VERI_TINKER_WAIT_SECONDS)
         operation = workers.next_operation(model=request.auth, after=data["after"], wait=wait)
         if operation is None:
@@ -79,14 +91,16 @@ class NextView(ModelWorkerView):
         )
 
 
-class ResultView(ModelWorkerView):
-    class Input(serializers.Serializer):
-        ok = serializers.BooleanField()
-        result = serializers.DictField(required=False, allow_null=True)
-        error = serializers.CharField(required=False, allow_blank=True, max_length=20_000)
+class TinkerResultIn(serializers.Serializer):
+    ok = serializers.BooleanField()
+    result = serializers.DictField(required=False, allow_null=True)
+    error = serializers.CharField(required=False, allow_blank=True, max_length=20_000)
 
+
+class ResultView(ModelWorkerView):
+    @extend_schema(request=TinkerResultIn, responses={200: OK}, operation_id="tinker_worker_result")
     def post(self, request: Request, model_id: str, request_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(TinkerResultIn, request.data)
         result = data.get("result") if data["ok"] else None
         operation = request.auth.operations.filter(request_id=request_id).only("kind").first()
         if data["ok"] and operation is not None:
@@ -125,24 +139,32 @@ def _check_result(kind: str, result: dict | None) -> None:
             raise VeriError(f"The forward outputs do not encode: {exc}", field="result") from exc
 
 
-class UploadsView(ModelWorkerView):
-    class Input(serializers.Serializer):
-        files = SavedFile(many=True)
+class TinkerUploadsIn(serializers.Serializer):
+    files = SavedFile(many=True)
 
+
+class UploadsView(ModelWorkerView):
+    @extend_schema(
+        request=TinkerUploadsIn,
+        responses={200: OpenApiTypes.OBJECT},
+        operation_id="tinker_worker_uploads",
+    )
     def post(self, request: Request, model_id: str, request_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(TinkerUploadsIn, request.data)
         urls = checkpoints.upload_urls(
             model=request.auth, request_id=request_id, files=data["files"]
         )
         return Response({"files": urls})
 
 
-class FailedView(ModelWorkerView):
-    class Input(serializers.Serializer):
-        code = serializers.CharField(max_length=64)
-        message = serializers.CharField(max_length=20_000, allow_blank=True)
+class TinkerFailedIn(serializers.Serializer):
+    code = serializers.CharField(max_length=64)
+    message = serializers.CharField(max_length=20_000, allow_blank=True)
 
+
+class FailedView(ModelWorkerView):
+    @extend_schema(request=TinkerFailedIn, responses={200: OK}, operation_id="tinker_worker_failed")
     def post(self, request: Request, model_id: str) -> Response:
-        data = self.validated(self.Input, request.data)
+        data = self.validated(TinkerFailedIn, request.data)
         workers.report_failure(model=request.auth, code=data["code"], message=data["message"])
         return Response({"ok": True})
