@@ -351,7 +351,7 @@ def unsupported(request: HttpRequest, path: str = "") -> JsonResponse:
     """Whatever else the client may call: a clear error it raises (400: BadRequestError), never
     a 404 page or a 500."""
     error = Unsupported(
-        f"Veri's Tinker API does not support /api/v1/{path} yet. What it supports: "
-        "https://veri.dev/docs/user-guide/tinker/ (docs/user-guide/tinker.md)."
+        f"Veri's Tinker API does not support /api/v1/{path} yet; its guide 'Coming from "
+        "Tinker' (docs/user-guide/tinker.md) lists what it supports."
     )
     return JsonResponse(error.as_body(), status=400)

@@ -53,7 +53,7 @@ def reference(tiny_model, batch, per_token) -> tuple[float, list[list[float]], d
         inputs = {k: torch.tensor(v["data"]) for k, v in datum["inputs"].items()}
         loss = per_token(logprobs, inputs).sum()
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
         logprobs_out.append(logprobs.tolist())
     grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.requires_grad}
     return total, logprobs_out, grads
