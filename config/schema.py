@@ -34,6 +34,12 @@ class ReplicaTokenScheme(JobTokenScheme):
     description = "A deployment replica's token (veri_rt_…), good for its own replica only"
 
 
+class TinkerModelTokenScheme(JobTokenScheme):
+    target_class = "tinker_api.worker_api.ModelTokenAuthentication"
+    name = "TinkerModelToken"
+    description = "A Tinker model's worker token (veri_tt_…), good for its own model only"
+
+
 ERROR_SCHEMA = {
     "type": "object",
     "properties": {

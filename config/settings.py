@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "providers",
     "serving",
     "openai_api",
+    "tinker_api",
     "webhooks",
     "dashboard",
 ]
@@ -428,3 +429,11 @@ VERI_WEBHOOKS_ALLOW_PRIVATE = env.bool(
 )
 # Seconds one delivery attempt may take to connect, send, and read the answer's first bytes.
 VERI_WEBHOOKS_TIMEOUT_SECONDS = env.float("VERI_WEBHOOKS_TIMEOUT_SECONDS", default=10.0)
+# The Tinker face (tinker_api): where a training client's worker runs; how long a session may go
+# without the client's heartbeat (it sends one every 10 s) before it ends with its models; how
+# long a future's retrieve or a worker's poll waits for an answer, and how often it looks.
+VERI_TINKER_PROVIDER = env.str("VERI_TINKER_PROVIDER", default="local")
+VERI_TINKER_GPU_TYPE = env.str("VERI_TINKER_GPU_TYPE", default="cpu")
+VERI_TINKER_SESSION_TIMEOUT_SECONDS = env.int("VERI_TINKER_SESSION_TIMEOUT_SECONDS", default=120)
+VERI_TINKER_WAIT_SECONDS = env.float("VERI_TINKER_WAIT_SECONDS", default=20.0)
+VERI_TINKER_POLL_INTERVAL_SECONDS = env.float("VERI_TINKER_POLL_INTERVAL_SECONDS", default=0.1)

@@ -17,6 +17,7 @@ v1 = [
     path("", include("training.urls")),
     path("", include("billing.urls")),
     path("", include("openai_api.urls")),
+    path("", include("tinker_api.urls")),
     path("", include("serving.urls")),
     path("", include("veri.urls")),
     path("", include("webhooks.urls")),
@@ -43,6 +44,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("favicon.ico", favicon, name="favicon"),
     path("v1/", include(v1)),
+    path("api/v1/", include("tinker_api.tinker_urls")),  # the Tinker SDK's routes
     path("", include("dashboard.urls")),
 ]
 
@@ -61,6 +63,6 @@ def handler404(request, exception):
 
 
 def handler500(request):
-    if request.path.startswith("/v1/"):
+    if request.path.startswith(("/v1/", "/api/v1/")):
         return errors.server_error(request)
     return html_server_error(request)

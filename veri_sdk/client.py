@@ -5,6 +5,7 @@ from veri_sdk.deployments import Deployments
 from veri_sdk.evaluations import Evaluations
 from veri_sdk.http import ApiTransport, StorageTransport
 from veri_sdk.secrets import Secrets
+from veri_sdk.tinker import Tinker
 from veri_sdk.training import Datasets, TrainingJobs
 from veri_sdk.volumes import Volumes
 from veri_sdk.webhooks import Webhooks
@@ -32,6 +33,7 @@ class Client:
         self.regions = Regions(self.api)
         self.gpus = Gpus(self.api)
         self.secrets = Secrets(self.api)
+        self.tinker = Tinker(self.api)
         self.webhooks = Webhooks(self.api)
         self.deployments = Deployments(self.api)
         self.evaluations = Evaluations(self.api, self.datasets)

@@ -1,6 +1,8 @@
 """`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN; `python -m
 worker serve --replica ID --api URL [--engine vllm --tensor-parallel-size N --max-loras N]`, a
-deployment's serving process, with the replica token in VERI_REPLICA_TOKEN."""
+deployment's serving process, with the replica token in VERI_REPLICA_TOKEN; `python -m worker
+tinker --model ID --api URL`, a Tinker training client's model, with the model token in
+VERI_TINKER_TOKEN."""
 
 import argparse
 import sys
@@ -27,6 +29,9 @@ def main() -> int:
     )
     serve_parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs")
     serve_parser.add_argument("--max-loras", type=int, default=1, help="vllm: adapter slots")
+    tinker_parser = commands.add_parser("tinker", help="hold one Tinker training client's model")
+    tinker_parser.add_argument("--model", required=True)
+    tinker_parser.add_argument("--api", required=True, help="the control plane")
     args = parser.parse_args()
     if args.command == "serve":
         from worker.serve import serve  # torch loads only where a model is served
@@ -38,6 +43,10 @@ def main() -> int:
             tensor_parallel_size=args.tensor_parallel_size,
             max_loras=args.max_loras,
         )
+    if args.command == "tinker":
+        from worker.tinker import serve_model
+
+        return serve_model(model_id=args.model, api_url=args.api)
     return run(job_id=args.job, api_url=args.api)
 
 

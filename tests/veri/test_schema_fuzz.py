@@ -23,6 +23,9 @@ from serving.services.deployments import Shape, create_deployment
 from serving.services.evaluations import create_evaluation
 from tests.conftest import fill_volume
 from tests.training.conftest import GRPO_ROWS, REWARD, drive
+from tinker_api.models import TinkerKey, TinkerOperation
+from tinker_api.services import keys as tinker_keys
+from tinker_api.services import sessions as tinker_sessions
 from training.api import EXAMPLE_DATASET_ID
 from training.models import Checkpoint, Dataset, TrainingJob
 from training.services import jobs
@@ -119,6 +122,26 @@ class World:
             )[0]
         )
 
+        self.tinker_key = (
+            TinkerKey.objects.filter(workspace=self.workspace).first()
+            or tinker_keys.create_key(workspace=self.workspace)[0]
+        )
+
+    def new_tinker_model(self):
+        """A live Tinker model (a `failed` report ends it) with its creation running."""
+        session = tinker_sessions.create_session(
+            workspace=self.workspace, sdk_version="", tags=[], user_metadata={}
+        )
+        creation = tinker_sessions.create_model(
+            session=session,
+            model_seq_id=0,
+            base_model="volume://corpus/models/m",
+            lora={"rank": 4},
+            user_metadata={},
+        )
+        TinkerOperation.objects.filter(pk=creation.pk).update(status="running")
+        return creation
+
     def _job_with_checkpoint(self) -> TrainingJob:
         job = self.new_job()
         Checkpoint.objects.create(
@@ -148,6 +171,9 @@ class World:
             "deployment_id": self.deployment.public_id,
             "evaluation_id": self.evaluation.public_id,
             "replica_id": "",  # a live replica's, set for each call by `authorize`
+            "key_id": self.tinker_key.public_id,
+            "model_id": "",  # a live Tinker model's, set for each call by `authorize`
+            "request_id": "",
         }
 
     def authorize(self, case) -> None:
@@ -166,6 +192,15 @@ class World:
             replica = serving_replicas.start_replica(deployment=deployment)
             case.path_parameters = dict(case.path_parameters or {}, replica_id=replica.public_id)
             token = serving_replicas.mint_token(replica=replica)
+            case.headers["Authorization"] = f"Bearer {token}"
+        elif case.path.startswith("/v1/worker/tinker_models/"):
+            creation = self.new_tinker_model()
+            case.path_parameters = dict(
+                case.path_parameters or {},
+                model_id=creation.model.model_id,
+                request_id=creation.request_id,
+            )
+            token = tinker_sessions.mint_token(model=creation.model)
             case.headers["Authorization"] = f"Bearer {token}"
         elif case.path.startswith("/v1/worker/"):
             job = drive(self.new_job(), "provisioning", "configuring")

@@ -4,7 +4,16 @@
 import argparse
 import sys
 
-from veri_sdk.cli import deployments, evaluations, jobs, secrets, train, volumes, webhooks
+from veri_sdk.cli import (
+    deployments,
+    evaluations,
+    jobs,
+    secrets,
+    tinker,
+    train,
+    volumes,
+    webhooks,
+)
 from veri_sdk.cli.output import err
 from veri_sdk.client import Client
 from veri_sdk.errors import AuthenticationError, VeriAPIError
@@ -153,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     secret_delete = sc.add_parser("delete", help="delete NAME")
     secret_delete.add_argument("name")
     secret_delete.set_defaults(run=secrets.cmd_secrets_delete)
+
+    tk = commands.add_parser("tinker", help="keys for the official tinker SDK (/api/v1)")
+    tkc = tk.add_subparsers(dest="tinker_command", required=True)
+    tk_key = _json_flag(tkc.add_parser("key", help="a new tml- key, shown once"))
+    tk_key.add_argument("--name", help="to tell keys apart")
+    tk_key.set_defaults(run=tinker.cmd_tinker_key)
+    _json_flag(tkc.add_parser("keys", help="list keys, newest first")).set_defaults(
+        run=tinker.cmd_tinker_keys
+    )
+    tk_revoke = tkc.add_parser("revoke", help="revoke key ID: the client gets an auth error")
+    tk_revoke.add_argument("id")
+    tk_revoke.set_defaults(run=tinker.cmd_tinker_revoke)
 
     billing = _json_flag(commands.add_parser("billing", help="balance and recent entries"))
     billing.add_argument("--limit", type=int, default=20, help="entries to show (default 20)")

@@ -1,0 +1,131 @@
+"""The official `tinker` SDK, unmodified, trains on Veri: its base URL pointed at a live server
+with a task cluster and the local provider, a Tinker key the API issued, the tiny model in a
+volume. A supervised loop of 20 forward_backward + optim_step steps lowers the loss; what Veri
+does not support yet is an error the client raises."""
+
+import pytest
+import tinker
+from tinker import types
+from transformers import AutoTokenizer
+
+from providers.local import LocalProvider
+from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
+from tinker_api.models import ModelStatus, TinkerModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+LINES = ["the cat sat on the mat.", "a plum is a fruit.", "apples are red or green."]
+
+
+@pytest.fixture
+def tinker_key(api_client) -> str:
+    response = api_client.post("/v1/tinker/keys", {"name": "e2e"}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["key"]
+
+
+@pytest.fixture
+def stop_models():
+    yield
+    for model in TinkerModel.objects.exclude(external_id=""):
+        LocalProvider().terminate(model.external_id)
+
+
+def supervised(tokenizer) -> list[types.Datum]:
+    """Each line as next-token prediction, the first token's prediction weighted 0."""
+    data = []
+    for line in LINES:
+        ids = tokenizer(line)["input_ids"] + [tokenizer.eos_token_id]
+        weights = [0.0] + [1.0] * (len(ids) - 2)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": weights},
+            )
+        )
+    return data
+
+
+def test_a_supervised_loop_lowers_the_loss(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    tiny_model,
+    stop_models,
+):
+    platform()
+    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    assert training.get_info().lora_rank == 8
+    data = supervised(AutoTokenizer.from_pretrained(tiny_model))
+    losses = []
+    for _ in range(20):
+        backward = training.forward_backward(data, "cross_entropy")
+        step = training.optim_step(types.AdamParams(learning_rate=2e-2))
+        result = backward.result()
+        step.result()
+        losses.append(result.metrics["loss:sum"])
+        [first] = result.loss_fn_outputs[:1]
+        assert len(first["logprobs"].tolist()) == len(data[0].model_input.to_ints())
+    assert losses[-1] < 0.7 * losses[0], losses
+    after = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert after < losses[-1], (after, losses)
+
+    # What Veri does not support yet is an error the client raises, not a hang or a 500.
+    with pytest.raises(tinker.BadRequestError, match="does not support"):
+        service.create_sampling_client(base_model=TINY).result()
+    with pytest.raises(tinker.RequestFailedError, match="not supported"):
+        training.forward_backward(data, "dro").result()
+    model = TinkerModel.objects.get()
+    assert (model.status, model.base_model) == (ModelStatus.READY, TINY)
+
+
+def losses_of(training, data, steps: int, learning_rate: float = 2e-2) -> list[float]:
+    """`steps` × (forward_backward + optim_step), then one more forward: each loss."""
+    found = []
+    for _ in range(steps):
+        backward = training.forward_backward(data, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=learning_rate)).result()
+        found.append(backward.result().metrics["loss:sum"])
+    found.append(training.forward(data, "cross_entropy").result().metrics["loss:sum"])
+    return found
+
+
+def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    tiny_model,
+    stop_models,
+):
+    platform()
+    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    first = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    data = supervised(AutoTokenizer.from_pretrained(tiny_model))
+    losses_of(first, data, 3)
+    saved = first.save_state("after-3").result()
+    assert saved.path == f"tinker://{first.model_id}/weights/after-3"
+    expected = losses_of(first, data, 2)  # what the first client computes next
+
+    # A new client made from the state (weights and Adam's moments) goes on exactly the same.
+    resumed = service.create_training_client_from_state_with_optimizer(saved.path).result()
+    assert resumed.model_id != first.model_id
+    assert losses_of(resumed, data, 2) == pytest.approx(expected, rel=1e-5)
+
+    # load_state on a fresh client: the weights only, so the first loss is the same.
+    other = service.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()
+    other.load_state(saved.path).result()
+    assert other.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        expected[0], rel=1e-5
+    )
+    with pytest.raises(tinker.NotFoundError):
+        other.load_state(f"tinker://{first.model_id}/weights/never-saved").result()
+
+    # Its machine lost, a model ends: what waits for it fails with the catalog's code.
+    lost = TinkerModel.objects.get(model_id=other.model_id)
+    LocalProvider().terminate(lost.external_id)
+    with pytest.raises(tinker.RequestFailedError, match="worker_lost"):
+        other.forward(data, "cross_entropy").result()
+    lost.refresh_from_db()
+    assert (lost.status, lost.error_code) == (ModelStatus.FAILED, "worker_lost")
+    assert TinkerModel.objects.get(model_id=first.model_id).status == ModelStatus.READY

@@ -1,0 +1,141 @@
+"""Tinker keys, sessions, training models (each one worker process) and the operations queued
+for them in order. Billing is not attached yet (sessions are free while this face is new)."""
+
+from django.db import models
+
+from veri.models import Workspace, public_id_field
+
+
+class TinkerKey(models.Model):
+    """`tml-<prefix>_<secret>`, the credential the `tinker` client sends (`X-API-Key`): the prefix
+    finds the row, only the secret's hash is kept, as for API keys."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tinker_keys")
+    public_id = public_id_field("tk")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"tml-{self.prefix}_…"
+
+
+class TinkerSession(models.Model):
+    """A `ServiceClient`: alive while the client heartbeats."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
+    public_id = public_id_field("tses")
+    sdk_version = models.CharField(max_length=40, blank=True)
+    tags = models.JSONField(default=list)
+    user_metadata = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class ModelStatus(models.TextChoices):
+    STARTING = "starting"  # written; its worker is being launched or is loading the model
+    READY = "ready"  # the worker runs operations
+    FAILED = "failed"
+    ENDED = "ended"
+
+
+MODEL_LIVE = (ModelStatus.STARTING, ModelStatus.READY)
+
+
+class TinkerModel(models.Model):
+    """A `TrainingClient`'s model: a base model with a LoRA and an AdamW optimizer, held by one
+    long-lived worker process on a machine from a provider. `model_id` is the client's id,
+    `<session>:train:<seq>`, as the client itself derives it."""
+
+    session = models.ForeignKey(TinkerSession, on_delete=models.CASCADE, related_name="models")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
+    model_id = models.CharField(max_length=80, unique=True)
+    model_seq_id = models.PositiveIntegerField()
+    base_model = models.CharField(max_length=300)
+    lora = models.JSONField()  # rank, seed, train_mlp, train_attn, train_unembed
+    user_metadata = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=ModelStatus, default=ModelStatus.STARTING)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    provider = models.CharField(max_length=32)
+    gpu_type = models.CharField(max_length=64)
+    external_id = models.CharField(max_length=200, blank=True)  # the provider's machine
+    token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)  # the worker's last poll
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["session", "model_seq_id"], name="one_model_per_seq")
+        ]
+
+    def __str__(self) -> str:
+        return self.model_id
+
+
+class OpKind(models.TextChoices):
+    CREATE = "create_model"
+    FORWARD_BACKWARD = "forward_backward"
+    FORWARD = "forward"
+    OPTIM_STEP = "optim_step"
+    SAVE_WEIGHTS = "save_weights"
+    LOAD_WEIGHTS = "load_weights"
+
+
+class OpStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TinkerOperation(models.Model):
+    """One request of a model, run by its worker in `seq_id` order (the client numbers them; a
+    retried request with the same number is the same operation). Its `request_id` is the
+    client's future."""
+
+    model = models.ForeignKey(TinkerModel, on_delete=models.CASCADE, related_name="operations")
+    request_id = public_id_field("treq")
+    seq_id = models.PositiveIntegerField()
+    kind = models.CharField(max_length=32, choices=OpKind)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=OpStatus, default=OpStatus.QUEUED)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    error_category = models.CharField(max_length=16, blank=True)  # user | server
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["model", "seq_id"], name="one_operation_per_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_id}#{self.seq_id} {self.kind}"
+
+
+class TinkerCheckpoint(models.Model):
+    """A model's state saved by `save_state` (LoRA weights and AdamW state), addressed by the
+    client as `tinker://<model_id>/weights/<name>`. Its files are under the workspace's
+    `tinker/<public_id>/` folder; `files` is set once they are all uploaded."""
+
+    model = models.ForeignKey(TinkerModel, on_delete=models.CASCADE, related_name="checkpoints")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
+    public_id = public_id_field("tck")
+    operation = models.OneToOneField(TinkerOperation, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100)
+    files = models.JSONField(null=True, blank=True)  # [{path, size}] once complete
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.model.model_id}/weights/{self.name}"

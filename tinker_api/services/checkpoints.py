@@ -1,0 +1,111 @@
+"""`save_state` and `load_state`: a model's LoRA weights and AdamW state saved by its worker into
+the workspace's `tinker/<checkpoint>/` folder (presigned PUTs), addressed by the client as
+`tinker://<model_id>/weights/<name>`, and loaded back by any model of the workspace."""
+
+import re
+
+from django.conf import settings
+
+from tinker_api.models import OpKind, OpStatus, TinkerCheckpoint, TinkerModel, TinkerOperation
+from tinker_api.services import sessions
+from veri.errors import NotFound, VeriError
+from veri.models import Workspace
+from volumes.stores import keys, store_for
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+MAX_FILES = 20
+
+
+def tinker_path(checkpoint: TinkerCheckpoint) -> str:
+    return f"tinker://{checkpoint.model.model_id}/weights/{checkpoint.name}"
+
+
+def _prefix(checkpoint: TinkerCheckpoint) -> keys.Prefix:
+    workspace = keys.workspace_prefix(checkpoint.workspace.public_id)
+    return workspace.child(f"tinker/{checkpoint.public_id}")
+
+
+def save(*, model: TinkerModel, seq_id: int, name: str | None) -> TinkerOperation:
+    name = name or f"step-{seq_id:06d}"
+    if not NAME_RE.fullmatch(name):
+        raise VeriError(
+            "A checkpoint's name is letters, digits, '.', '_' and '-' (up to 100).", field="path"
+        )
+    operation = sessions.enqueue(
+        model=model, seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS, payload={"name": name}
+    )
+    TinkerCheckpoint.objects.get_or_create(
+        operation=operation, defaults={"model": model, "workspace": model.workspace, "name": name}
+    )
+    return operation
+
+
+def resolve(*, workspace: Workspace, path: str) -> TinkerCheckpoint:
+    """The saved checkpoint `tinker://<model_id>/weights/<name>` of this workspace."""
+    run, _, rest = path.removeprefix("tinker://").partition("/")
+    kind, _, name = rest.partition("/")
+    checkpoint = None
+    if path.startswith("tinker://") and kind == "weights":
+        checkpoint = (
+            TinkerCheckpoint.objects.filter(
+                workspace=workspace, model__model_id=run, name=name, files__isnull=False
+            )
+            .select_related("model", "workspace")
+            .order_by("-created_at", "-pk")
+            .first()
+        )
+    if checkpoint is None:
+        raise NotFound(f"No checkpoint {path} in this workspace.")
+    return checkpoint
+
+
+def load_payload(checkpoint: TinkerCheckpoint, *, optimizer: bool) -> dict:
+    """What a worker loads: the checkpoint's files (presigned GETs)."""
+    store, prefix = store_for(_prefix(checkpoint)), _prefix(checkpoint)
+    ttl = settings.VERI_PRESIGN_TTL_SECONDS
+    files = [
+        {"path": f["path"], "url": store.presign_get(prefix.key(f["path"]), expires=ttl)}
+        for f in checkpoint.files
+    ]
+    return {"path": tinker_path(checkpoint), "files": files, "optimizer": optimizer}
+
+
+def load(*, model: TinkerModel, seq_id: int, path: str, optimizer: bool) -> TinkerOperation:
+    checkpoint = resolve(workspace=model.workspace, path=path)
+    payload = load_payload(checkpoint, optimizer=optimizer)
+    return sessions.enqueue(model=model, seq_id=seq_id, kind=OpKind.LOAD_WEIGHTS, payload=payload)
+
+
+def upload_urls(*, model: TinkerModel, request_id: str, files: list[dict]) -> list[dict]:
+    """Presigned PUTs for a running save's files, inside its checkpoint's folder only."""
+    checkpoint = (
+        TinkerCheckpoint.objects.filter(
+            model=model, operation__request_id=request_id, operation__status=OpStatus.RUNNING
+        )
+        .select_related("workspace")
+        .first()
+    )
+    if checkpoint is None:
+        raise NotFound(f"No save {request_id} running for this model.")
+    if not 0 < len(files) <= MAX_FILES:
+        raise VeriError(f"A checkpoint has 1 to {MAX_FILES} files.", field="files")
+    prefix = _prefix(checkpoint)
+    store, ttl = store_for(prefix), settings.VERI_PRESIGN_TTL_SECONDS
+    answer = []
+    for file in files:
+        url, headers = store.presign_put(prefix.key(file["path"]), expires=ttl)
+        answer.append({"path": file["path"], "url": url, "headers": headers})
+    return answer
+
+
+def complete(*, operation: TinkerOperation, files: list[dict]) -> dict:
+    """The save's files are uploaded: the checkpoint can be loaded. The client's answer."""
+    checkpoint = TinkerCheckpoint.objects.select_related("model", "workspace").get(
+        operation=operation
+    )
+    prefix = _prefix(checkpoint)
+    for file in files:
+        prefix.key(file["path"])  # refuses a path outside the folder
+    checkpoint.files = [{"path": f["path"], "size": int(f["size"])} for f in files]
+    checkpoint.save(update_fields=["files"])
+    return {"type": "save_weights", "path": tinker_path(checkpoint)}

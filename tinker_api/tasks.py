@@ -1,0 +1,11 @@
+"""django-q2 tasks of the Tinker face: take ids, safe to run twice."""
+
+from tinker_api.services import sessions
+
+
+def launch_model(*, model_pk: int) -> str:
+    return sessions.launch_model(model_pk=model_pk)
+
+
+def stop_machine(*, model_pk: int) -> None:
+    sessions.stop_machine(model_pk=model_pk)

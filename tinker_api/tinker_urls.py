@@ -1,0 +1,23 @@
+"""The Tinker face's routes, under /api/v1/ (config/urls.py)."""
+
+from django.urls import path, re_path
+
+from tinker_api import api
+
+urlpatterns = [
+    path("healthz", api.HealthView.as_view()),
+    path("client/config", api.ClientConfigView.as_view()),
+    path("client/dynamic_config", api.DynamicConfigView.as_view()),
+    path("telemetry", api.TelemetryView.as_view()),
+    path("get_server_capabilities", api.CapabilitiesView.as_view()),
+    path("create_session", api.CreateSessionView.as_view()),
+    path("session_heartbeat", api.SessionHeartbeatView.as_view()),
+    path("create_model", api.CreateModelView.as_view()),
+    path("get_info", api.GetInfoView.as_view()),
+    path("forward_backward", api.ForwardBackwardView.as_view()),
+    path("optim_step", api.OptimStepView.as_view()),
+    path("save_weights", api.SaveWeightsView.as_view()),
+    path("load_weights", api.LoadWeightsView.as_view()),
+    path("retrieve_future", api.RetrieveFutureView.as_view()),
+    re_path(r"^(?P<path>.*)$", api.unsupported),
+]

@@ -1,0 +1,140 @@
+"""A Tinker training client's model in the worker: the base model with a PEFT LoRA and an
+AdamW optimizer, running the operations the control plane hands over one at a time.
+
+Gradients accumulate across `forward_backward` calls until `optim_step` applies and clears them,
+as in Tinker. Each datum runs on its own (no padding), so a loss is exactly the sum over data."""
+
+from pathlib import Path
+
+import torch
+
+from worker.tinker_losses import LOSSES, LossInputError, target_logprobs
+
+ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
+MLP = {"gate_proj", "up_proj", "down_proj"}
+UNEMBED = {"lm_head"}
+OPTIMIZER_FILE = "optimizer.pt"
+TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64}
+
+
+def from_wire(tensor: dict) -> torch.Tensor:
+    """A `{dtype, shape, data}` tensor (the control plane's JSON form of Tinker's TensorData)."""
+    if tensor.get("dtype") not in TORCH_DTYPES:
+        raise LossInputError(f"Tensors are float32 or int64, not {tensor.get('dtype')!r}.")
+    return torch.tensor(tensor["data"], dtype=TORCH_DTYPES[tensor["dtype"]]).reshape(
+        tensor["shape"]
+    )
+
+
+def to_wire(tensor: torch.Tensor) -> dict:
+    tensor = tensor.detach().cpu()
+    dtype = "int64" if not tensor.is_floating_point() else "float32"
+    return {"dtype": dtype, "shape": list(tensor.shape), "data": tensor.reshape(-1).tolist()}
+
+
+class TinkerModel:
+    def __init__(self, base_path: Path, lora: dict):
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        if lora.get("seed") is not None:
+            torch.manual_seed(int(lora["seed"]))
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        linear = {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear)
+        }
+        wanted = (
+            (ATTENTION if lora.get("train_attn", True) else set())
+            | (MLP if lora.get("train_mlp", True) else set())
+            | (UNEMBED if lora.get("train_unembed", True) else set())
+        )
+        targets = sorted(wanted & linear)
+        if not targets:
+            raise LossInputError("The LoRA would train no layer of this model.")
+        rank = int(lora["rank"])
+        # alpha = rank: the adapter's scale is 1, whatever the rank.
+        config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets)
+        self.model = get_peft_model(model, config).eval()  # eval: no dropout; gradients still flow
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
+        self.tokens_processed = 0
+        self.vocab = model.get_input_embeddings().num_embeddings
+
+    def forward_backward(
+        self, data: list[dict], loss_fn: str, config: dict, *, backward: bool = True
+    ) -> dict:
+        """`{loss_fn_outputs: [{name: tensor}], metrics: {"loss:sum": float}}`; with `backward`,
+        the loss's gradients are added to the model's."""
+        fn = LOSSES.get(loss_fn)
+        if fn is None:
+            raise LossInputError(
+                f"loss_fn {loss_fn!r} is not supported here; use one of {', '.join(LOSSES)}."
+            )
+        outputs, total = [], 0.0
+        for index, datum in enumerate(data):
+            tokens = torch.tensor(datum["tokens"], dtype=torch.int64)
+            inputs = {name: from_wire(t) for name, t in datum["inputs"].items()}
+            targets = inputs.get("target_tokens")
+            if targets is None or targets.dim() != 1 or targets.numel() != tokens.numel():
+                raise LossInputError(
+                    f"data[{index}]: loss_fn_inputs['target_tokens'] needs one token per input "
+                    f"token ({tokens.numel()})."
+                )
+            if not tokens.numel():
+                raise LossInputError(f"data[{index}] has no tokens.")
+            for what, ids in (("model_input", tokens), ("target_tokens", targets)):
+                if int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
+                    raise LossInputError(
+                        f"data[{index}]: {what} holds a token outside this model's vocabulary "
+                        f"(0 to {self.vocab - 1})."
+                    )
+            with torch.set_grad_enabled(backward):
+                logits = self.model(input_ids=tokens[None]).logits[0]
+                logprobs = target_logprobs(logits, targets.long())
+                loss, out = fn(logprobs, inputs, config)
+                if backward:
+                    loss.backward()
+            total += float(loss.detach())
+            self.tokens_processed += tokens.numel()
+            outputs.append({name: to_wire(value) for name, value in out.items()})
+        return {"loss_fn_outputs": outputs, "metrics": {"loss:sum": total}}
+
+    def optim_step(self, params: dict) -> dict:
+        """One AdamW step with Tinker's Adam parameters, then the gradients are cleared."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(params.get("learning_rate", 1e-4))
+            group["betas"] = (float(params.get("beta1", 0.9)), float(params.get("beta2", 0.95)))
+            group["eps"] = float(params.get("eps", 1e-12))
+            group["weight_decay"] = float(params.get("weight_decay", 0.0))
+        clip = float(params.get("grad_clip_norm", 0.0))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"metrics": {"grad_norm:mean": float(norm)}}
+
+    def save(self, folder: Path) -> list[Path]:
+        """The LoRA (PEFT's adapter files) and the AdamW state, as files in `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        return sorted(p for p in folder.iterdir() if p.is_file())
+
+    def load(self, folder: Path, *, optimizer: bool) -> None:
+        """A saved state into this model: the LoRA weights, and the AdamW state when asked
+        (else the optimizer starts afresh). A checkpoint of another shape is the caller's error."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(folder / "adapter_model.safetensors")
+        try:
+            result = set_peft_model_state_dict(self.model, weights)
+        except RuntimeError as exc:  # shapes differ: another rank or base model
+            raise LossInputError(f"The checkpoint does not fit this model: {exc}") from exc
+        if getattr(result, "unexpected_keys", None):
+            raise LossInputError("The checkpoint's LoRA covers other layers than this model's.")
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
+        if optimizer:
+            self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+        self.optimizer.zero_grad(set_to_none=True)
