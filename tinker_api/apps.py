@@ -8,6 +8,7 @@ class TinkerApiConfig(AppConfig):
     def ready(self) -> None:
         # Training's orphan sweeper asks the floors above it which machines are theirs and
         # live, so a model's machine is never taken for an ended job's.
+        from tinker_api import checks  # noqa: F401 - registers the settings' checks
         from tinker_api.services import sessions
         from training.hooks import register_live_machines
 

@@ -5,6 +5,8 @@ order, a worker's token and results are checked, an idle session ends its models
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.utils import timezone
 from rest_framework.test import APIClient
 from tinker import types
@@ -230,3 +232,11 @@ def test_another_workspaces_checkpoint_is_not_found(tk):
     assert_error(response, 404, "not_found")
     mine = {"model_id": model.model_id, "seq_id": 2, "path": path, "optimizer": False}
     assert tk.post("/api/v1/load_weights", mine, format="json").status_code == 200
+
+
+def test_models_on_a_rented_gpu_are_refused_at_startup_while_unbilled(settings):
+    settings.VERI_TINKER_PROVIDER = "aws"
+    with pytest.raises(SystemCheckError, match="tinker_api.E001"):
+        call_command("check")
+    settings.VERI_TINKER_PROVIDER = "local"
+    call_command("check")
