@@ -34,6 +34,9 @@ MAX_MESSAGE = 10_000  # the control plane's limit on a failure's message
 # The ports a replica on a rented machine serves on: the providers open these to the control
 # plane, and the control plane accepts a ready report only on one of them.
 PORTS = range(8000, 8010)
+# A refused ready report (the provider reports no address for the machine yet) is sent again
+# this long after, until the control plane's start timeout ends the replica.
+READY_RETRY_SECONDS = 15
 
 
 def max_lora_rank(adapters: dict[str, Path]) -> int:
@@ -189,6 +192,7 @@ def run(
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
     url, ready = f"http://127.0.0.1:{port}", False
+    next_ready = time.monotonic()
     next_beat = time.monotonic() + heartbeat_seconds
     try:
         while True:
@@ -201,11 +205,17 @@ def run(
                 code = "replica_failed" if ready else "model_load_error"
                 _report(api, "/failed", {"code": code, "message": head + body})
                 return 1
-            if not ready and healthy(url):
-                if not _report(api, "/ready", {"url": url}):
-                    return 0
-                ready = True
-                print(f"[veri] vLLM serves {served_name} and {sorted(adapters)} on {url}")
+            if not ready and time.monotonic() >= next_ready and healthy(url):
+                try:
+                    if not _report(api, "/ready", {"url": url}):
+                        return 0
+                    ready = True
+                    print(f"[veri] vLLM serves {served_name} and {sorted(adapters)} on port {port}")
+                except ControlPlaneError as exc:  # e.g. no address for the machine yet
+                    if exc.status != 400:
+                        raise
+                    print(f"[veri] ready report refused, asking again: {exc}", flush=True)
+                    next_ready = time.monotonic() + READY_RETRY_SECONDS
             if time.monotonic() >= next_beat:  # also while loading: a stopped replica ends it
                 try:
                     if not _report(api, "/heartbeat", {}):

@@ -34,9 +34,17 @@ def aws_script(fake, request) -> str:
     return base64.b64decode(user_data).decode()
 
 
+def digitalocean_script(fake, request) -> str:
+    [body] = fake.calls("POST", "/v2/droplets")
+    return body["user_data"]
+
+
 # (provider, its fake's fixture, gpu_type, gpu_count, the rendered script as the provider got it):
 # the providers that serve replicas (test_serving_routes.py: the others refuse deployments).
-PROVIDERS = [("aws", "ec2", "L4-24GB", 4, aws_script)]
+PROVIDERS = [
+    ("aws", "ec2", "L4-24GB", 4, aws_script),
+    ("digitalocean", "digitalocean", "H100-80GB", 8, digitalocean_script),
+]
 
 
 @pytest.fixture

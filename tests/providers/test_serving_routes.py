@@ -1,8 +1,8 @@
 """How the router reaches a replica on a rented machine: at the address the provider reports for
 the machine (never one the machine names), on a port the launch opened to
-VERI_SERVING_ALLOWED_CIDR, with the replica's serving key. EC2 (moto behind the proxy) reports the
-machine at 127.0.0.2, a loopback alias standing in for its public address, where a stand-in
-replica server that requires the key listens."""
+VERI_SERVING_ALLOWED_CIDR, with the replica's serving key. The provider's fake (EC2: moto behind
+the proxy; DigitalOcean's) reports the machine at 127.0.0.2, a loopback alias standing in for its
+public address, where a stand-in replica server that requires the key listens."""
 
 import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +15,7 @@ from serving.models import Replica
 from serving.services import replicas
 from tests.conftest import serve_in_background
 from tests.providers.conftest import ec2_client
+from tests.providers.rest_fakes import FakeDigitalOcean
 
 pytestmark = pytest.mark.django_db
 MACHINE = "127.0.0.2"
@@ -56,22 +57,81 @@ def serving_port(host: str) -> ThreadingHTTPServer:
     raise AssertionError("no free serving port")
 
 
-@pytest.fixture
-def launched(api_client, ec2, settings, local_store_url, billed) -> Replica:
-    """A deployment on AWS, its replica's machine launched; EC2 reports it at MACHINE."""
+def ec2_machine(replica: Replica) -> str:
+    return replica.external_id.partition("/")[2]
+
+
+def aws_place(fake, replica: Replica, address: str) -> None:
+    fake.addresses[ec2_machine(replica)] = address
+
+
+def aws_gone(fake, replica: Replica) -> None:
+    fake.states[ec2_machine(replica)] = "shutting-down"
+
+
+def aws_opened(fake, replica: Replica, request) -> list[tuple]:
+    """(protocol, from port, to port, sources) of each inbound rule of the machine's groups."""
+    ec2 = ec2_client(request.getfixturevalue("ec2_endpoint"))
+    [reservation] = ec2.describe_instances(InstanceIds=[ec2_machine(replica)])["Reservations"]
+    groups = [g["GroupId"] for g in reservation["Instances"][0]["SecurityGroups"]]
+    rules = [
+        rule
+        for group in ec2.describe_security_groups(GroupIds=groups)["SecurityGroups"]
+        for rule in group["IpPermissions"]
+    ]
+    return [
+        (r["IpProtocol"], r["FromPort"], r["ToPort"], [c["CidrIp"] for c in r["IpRanges"]])
+        for r in rules
+    ]
+
+
+def do_place(fake: FakeDigitalOcean, replica: Replica, address: str) -> None:
+    fake.addresses[int(replica.external_id)] = address
+    fake.set_status(int(replica.external_id), "active")
+
+
+def do_gone(fake: FakeDigitalOcean, replica: Replica) -> None:
+    fake.set_status(int(replica.external_id), "off")
+
+
+def do_opened(fake: FakeDigitalOcean, replica: Replica, request) -> list[tuple]:
+    """The inbound rules of the firewalls that apply to the droplet (by its tags)."""
+    tags = set(fake.droplets[int(replica.external_id)]["tags"])
+    return [
+        (rule["protocol"], *map(int, rule["ports"].split("-")), rule["sources"]["addresses"])
+        for firewall in fake.firewalls.values()
+        if tags & set(firewall["tags"])
+        for rule in firewall["inbound_rules"]
+    ]
+
+
+# (provider, its fake's fixture, gpu_type, place the machine at an address, take it away, the
+# inbound rules that apply to it)
+PROVIDERS = [
+    ("aws", "ec2", "L4-24GB", aws_place, aws_gone, aws_opened),
+    ("digitalocean", "digitalocean", "H100-80GB", do_place, do_gone, do_opened),
+]
+
+
+@pytest.fixture(params=PROVIDERS, ids=[p[0] for p in PROVIDERS])
+def launched(request, api_client, settings, local_store_url, billed):
+    """A deployment on the provider, its replica's machine launched, which the provider's fake
+    reports at MACHINE: (the replica, the fake, the provider's row of PROVIDERS)."""
+    provider, fixture, gpu_type, place, *_ = request.param
+    fake = request.getfixturevalue(fixture)
     settings.VERI_STORE = local_store_url
     settings.VERI_SERVING_ALLOWED_CIDR = CIDR
     created = api_client.post(
         "/v1/deployments",
-        {"base_model": "Qwen/Qwen2.5-0.5B", "provider": "aws", "gpu_type": "L4-24GB"},
+        {"base_model": "Qwen/Qwen2.5-0.5B", "provider": provider, "gpu_type": gpu_type},
         format="json",
     )
     assert created.status_code == 201, created.json()
     replica = Replica.objects.get(deployment__public_id=created.json()["id"])
     assert tasks.launch_replica(replica_id=replica.pk) == "launched"
     replica.refresh_from_db()
-    ec2.addresses[replica.external_id.partition("/")[2]] = MACHINE
-    return replica
+    place(fake, replica, MACHINE)
+    return replica, fake, request.param
 
 
 def worker_for(replica: Replica) -> APIClient:
@@ -82,9 +142,9 @@ def worker_for(replica: Replica) -> APIClient:
 
 
 def test_the_router_reaches_a_rented_replica_at_its_providers_address_with_its_key(
-    api_client, launched, ec2_endpoint
+    request, api_client, launched
 ):
-    replica = launched
+    replica, fake, (*_, opened) = launched
     server = serving_port(MACHINE)
     serve_in_background(server)
     port = server.server_address[1]
@@ -109,27 +169,21 @@ def test_the_router_reaches_a_rented_replica_at_its_providers_address_with_its_k
         assert json.loads(b"".join(answer.streaming_content))["object"] == "chat.completion"
     finally:
         server.shutdown()
+        server.server_close()
     [(authorization, body)] = KeyedReplica.asked
     assert authorization == f"Bearer {replicas.serving_key(replica=replica)}"
     assert body["messages"] == question
-    # The key is the replica's own: another replica's machine cannot use it.
-    assert replicas.serving_key(replica=replica).startswith("veri_sk_")
+    # The key is the replica's own (another replica's machine holds another), never an API key.
+    other = Replica(public_id="rep_other")
+    assert replicas.serving_key(replica=other) != replicas.serving_key(replica=replica)
     assert api_client.raw_key not in authorization
 
-    # Its machine got the serving group: the ports open to the setting's CIDR alone.
-    ec2 = ec2_client(ec2_endpoint)
-    instance_id = replica.external_id.partition("/")[2]
-    [reservation] = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
-    [group] = reservation["Instances"][0]["SecurityGroups"]
-    [rule] = ec2.describe_security_groups(GroupIds=[group["GroupId"]])["SecurityGroups"][0][
-        "IpPermissions"
-    ]
-    assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 8000, 8009)
-    assert [r["CidrIp"] for r in rule["IpRanges"]] == [CIDR]
+    # Its machine's serving ports are open to the setting's CIDR, and nothing else is.
+    assert opened(fake, replica, request) == [("tcp", 8000, 8009, [CIDR])]
 
 
-def test_a_ready_report_naming_another_host_a_bad_port_or_a_gone_machine_is_refused(launched, ec2):
-    replica = launched
+def test_a_ready_report_naming_another_host_a_bad_port_or_a_gone_machine_is_refused(launched):
+    replica, fake, (*_, gone, _) = launched
     worker = worker_for(replica)
     ready = f"/v1/worker/replicas/{replica.public_id}/ready"
     for elsewhere in (
@@ -143,7 +197,7 @@ def test_a_ready_report_naming_another_host_a_bad_port_or_a_gone_machine_is_refu
         answer = worker.post(ready, {"url": elsewhere}, format="json")
         assert answer.status_code == 400, elsewhere
         assert answer.json()["error"]["field"] == "url"
-    ec2.states[replica.external_id.partition("/")[2]] = "shutting-down"
+    gone(fake, replica)
     answer = worker.post(ready, {"url": "http://127.0.0.1:8001"}, format="json")
     assert answer.status_code == 400
     assert "no address" in answer.json()["error"]["message"]
@@ -151,7 +205,7 @@ def test_a_ready_report_naming_another_host_a_bad_port_or_a_gone_machine_is_refu
     assert replica.status == "starting" and not replica.url  # it times out as starting
 
 
-@pytest.mark.parametrize("provider", ["digitalocean", "vast", "gcp"])
+@pytest.mark.parametrize("provider", ["vast", "gcp"])
 def test_providers_that_cannot_open_a_serving_port_refuse_deployments(
     request, api_client, billed, provider
 ):

@@ -200,3 +200,27 @@ def test_a_model_vllm_cannot_load_is_the_customers_model_load_error(live_server,
         assert (deployment.status, deployment.error_attribution) == ("failed", "customer")
     finally:
         worker.kill()
+
+
+def test_a_ready_report_refused_while_the_provider_names_no_address_is_sent_again(
+    live_server,
+    replica,
+    tmp_path,
+    ec2,  # noqa: F811
+):
+    machine = replica.external_id.partition("/")[2]
+    ec2.states[machine] = "stopping"  # EC2 reports it gone: no address to route to
+    asked = len(ec2.calls("DescribeInstances"))
+    worker = serve(replica, live_server.url, tmp_path)
+    try:
+        wait_for(lambda: len(ec2.calls("DescribeInstances")) > asked, 120, "a ready report")
+        replica.refresh_from_db()
+        assert replica.status == "starting" and not replica.url  # refused
+        del ec2.states[machine]  # EC2 now reports the machine, at this machine's loopback
+        ready = wait_for(
+            lambda: Replica.objects.filter(pk=replica.pk, status="ready").first(), 60, "ready"
+        )
+        assert ready.url.startswith("http://127.0.0.1:80")
+        assert worker.poll() is None  # serving
+    finally:
+        worker.kill()
