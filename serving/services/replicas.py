@@ -106,8 +106,11 @@ def launch_replica(*, replica_id: int) -> str:
         kind="replicas",
         engine_requirement=settings.VERI_VLLM_REQUIREMENT if vllm else "",
     )
+    adapter = get_adapter(deployment.provider)
     try:
-        external_id = get_adapter(deployment.provider).launch(spec)
+        if not adapter.serves_replicas:  # a deployment made before its provider stopped serving
+            raise ProviderError(f"{deployment.provider} does not serve deployments yet")
+        external_id = adapter.launch(spec)
     except ProviderError as exc:
         Replica.objects.filter(pk=replica.pk).update(external_id="")
         fail_replica(replica=replica, code="provisioning_error", message=str(exc))

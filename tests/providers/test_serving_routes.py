@@ -11,7 +11,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from serving import tasks
-from serving.models import Replica
+from serving.models import Deployment, Replica
 from serving.services import replicas
 from tests.conftest import serve_in_background
 from tests.providers.conftest import ec2_client
@@ -219,3 +219,22 @@ def test_providers_that_cannot_open_a_serving_port_refuse_deployments(
     error = created.json()["error"]
     assert (error["code"], error["field"]) == ("provider_not_supported", "provider")
     assert not Replica.objects.exists()  # nothing rented
+
+
+def test_a_replica_of_a_deployment_made_before_its_provider_stopped_serving_rents_nothing(
+    vast, billed
+):
+    deployment = Deployment.objects.create(
+        workspace=billed,
+        base_model="Qwen/Qwen2.5-0.5B",
+        gpu_type="RTX4090-24GB",
+        provider="vast",
+        region="us-east-1",
+        status="starting",
+    )
+    replica = Replica.objects.create(deployment=deployment, provider="vast")
+    assert tasks.launch_replica(replica_id=replica.pk) == "provisioning_error"
+    replica.refresh_from_db()
+    assert (replica.status, replica.error_code) == ("failed", "provisioning_error")
+    assert "vast does not serve deployments yet" in replica.error_message
+    assert vast.instances == {} and vast.calls("PUT", r"/api/v0/asks/.*") == []
