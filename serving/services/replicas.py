@@ -32,7 +32,7 @@ from volumes.stores import store_for
 log = logging.getLogger(__name__)
 S, R = DeploymentStatus, ReplicaStatus
 TOKEN_PREFIX = "veri_rt_"
-SERVING_KEY_PREFIX = "veri_sk_"
+SERVING_KEY_PREFIX = "veri_srv_"  # not an API key's veri_sk_
 LAUNCHING = "launching"  # external_id while a task launches the machine
 # What a serving process may say of itself: its model would not load (the customer's), its
 # engine died after it was ready (the platform's), or, from the machine's bootstrap while the

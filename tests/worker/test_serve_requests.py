@@ -12,7 +12,7 @@ from worker.serve import Engine, handler_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a fruit."}]}
 PROMPT = {"model": "tiny", "prompt": "A plum is"}
-KEY = "veri_sk_test"
+KEY = "veri_srv_test"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def server(tiny_model):
 
 def test_nothing_is_served_without_the_serving_key(server):
     url = str(server.base_url).rstrip("/")
-    for headers in ({}, {"Authorization": "Bearer veri_sk_other"}, {"Authorization": KEY}):
+    for headers in ({}, {"Authorization": "Bearer veri_srv_other"}, {"Authorization": KEY}):
         chat = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers, timeout=60)
         assert chat.status_code == 401, chat.text
         assert chat.json()["error"]["message"] == "A serving key is required."
