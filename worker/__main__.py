@@ -1,7 +1,6 @@
 """`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN; `python -m
 worker serve --replica ID --api URL [--engine vllm --tensor-parallel-size N --max-loras N]`, a
-deployment's serving process, with the replica token in VERI_REPLICA_TOKEN and the serving key its
-requests must bear in VERI_SERVING_KEY."""
+deployment's serving process, with the replica token in VERI_REPLICA_TOKEN."""
 
 import argparse
 import sys
