@@ -236,7 +236,9 @@ def router_url(*, replica: Replica, url: str) -> str:
         )
     address = None
     launched = replica.external_id not in ("", LAUNCHING)
-    if launched or ports is None:  # the local provider's address needs no machine id
+    # A provider that does not serve replicas has no address for them; the local one's (its
+    # loopback, open to no one else) needs no machine id.
+    if adapter.serves_replicas and (launched or ports is None):
         try:
             address = adapter.replica_address(replica.external_id)
         except Exception:  # noqa: BLE001 - any failure of the provider's API: refused for now
