@@ -381,6 +381,12 @@ VERI_REPLICA_START_TIMEOUT_SECONDS = env.int("VERI_REPLICA_START_TIMEOUT_SECONDS
 # The vLLM a replica on a rented GPU machine serves with (its bootstrap installs exactly this, in
 # a virtualenv of its own beside the worker's): the one place its version is pinned.
 VERI_VLLM_REQUIREMENT = env.str("VERI_VLLM_REQUIREMENT", default=None) or "vllm==0.34.0"
+# How the router reaches a replica on a rented machine: the sources its serving port is opened to
+# (the control plane's egress addresses; every replica also requires its serving key), and
+# whether to use the machine's private address (the control plane shares the provider's network)
+# rather than its public one.
+VERI_SERVING_ALLOWED_CIDR = env.str("VERI_SERVING_ALLOWED_CIDR", default="0.0.0.0/0")
+VERI_SERVING_PRIVATE_NETWORK = env.bool("VERI_SERVING_PRIVATE_NETWORK", default=False)
 VERI_DEPLOYMENT_CHARGE_SECONDS = env.int("VERI_DEPLOYMENT_CHARGE_SECONDS", default=3600)
 # Scaling up: a deployment gets another replica (up to its max_replicas) once its in-flight
 # requests (queued and running) per ready replica stay over the target for the window.

@@ -24,6 +24,7 @@ from providers.base import (
     split_scoped_id,
 )
 from veri.services import deployment_id
+from worker.serve_vllm import PORTS
 
 JOB_TAG = "veri:job"
 DEPLOYMENT_TAG = "veri:deployment"  # several deployments may share one AWS account
@@ -49,6 +50,9 @@ GONE_STATES = {"shutting-down", "terminated", "stopping", "stopped"}
 # states"); shutting-down and terminated ones no longer bill and are ending on their own.
 BILLED_STATES = ["pending", "running", "stopping", "stopped"]
 # The DLAMI with NVIDIA drivers and Python 3, published by AWS per region.
+# The security group of this deployment's replicas: their serving ports open to
+# VERI_SERVING_ALLOWED_CIDR (a job's machine needs no inbound port and keeps the VPC's default).
+SERVING_GROUP_PREFIX = "veri-serving-"
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
@@ -60,6 +64,8 @@ def instance_type(gpu_type: str, gpu_count: int) -> str | None:
 
 class AwsProvider(ProviderAdapter):
     name = "aws"
+    serves_replicas = True
+    serving_ports = PORTS
 
     @staticmethod
     @cache
@@ -146,6 +152,11 @@ class AwsProvider(ProviderAdapter):
             {"Key": "Name", "Value": f"veri {spec.job_id}"},
         ]
         image = self.image_id(spec.region)
+        groups = (
+            {"SecurityGroupIds": [self.serving_group(spec.region)]}
+            if spec.kind == "replicas"
+            else {}
+        )
         try:
             answer = self.client("ec2", spec.region).run_instances(
                 # boto3 retries a RunInstances whose answer was lost; the same client token
@@ -156,6 +167,7 @@ class AwsProvider(ProviderAdapter):
                 ClientToken=str(uuid.uuid4()),
                 ImageId=image,
                 InstanceType=kind,
+                **groups,
                 MinCount=1,
                 MaxCount=1,
                 Placement={"AvailabilityZone": spec.zone},
@@ -183,6 +195,44 @@ class AwsProvider(ProviderAdapter):
             raise ProviderError(f"EC2 could not be called: {exc}") from exc
         return scoped_id(spec.region, answer["Instances"][0]["InstanceId"])
 
+    def serving_group(self, region: str) -> str:
+        """The id of this deployment's serving security group in `region` (in the default VPC,
+        where replicas launch), made on first use, its rule (PORTS from
+        VERI_SERVING_ALLOWED_CIDR) added when missing: a changed CIDR is added beside the old one,
+        which an operator removes."""
+        ec2 = self.client("ec2", region)
+        name = SERVING_GROUP_PREFIX + deployment_id()
+        try:
+            found = ec2.describe_security_groups(
+                Filters=[{"Name": "group-name", "Values": [name]}]
+            )["SecurityGroups"]
+            if found:
+                group = found[0]["GroupId"]
+            else:
+                group = ec2.create_security_group(
+                    GroupName=name, Description="Veri replicas' serving ports"
+                )["GroupId"]
+            ec2.authorize_security_group_ingress(
+                GroupId=group,
+                IpPermissions=[
+                    {
+                        "IpProtocol": "tcp",
+                        "FromPort": PORTS.start,
+                        "ToPort": PORTS.stop - 1,
+                        "IpRanges": [{"CidrIp": settings.VERI_SERVING_ALLOWED_CIDR}],
+                    }
+                ],
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidPermission.Duplicate":
+                raise ProviderError(
+                    f"the serving security group could not be set up in {region}: "
+                    f"{_aws_message(exc)}"
+                ) from exc
+        except BotoCoreError as exc:
+            raise ProviderError(f"EC2 could not be called: {exc}") from exc
+        return group
+
     def _describe(self, region: str, **query) -> list[dict]:
         pages = self.client("ec2", region).get_paginator("describe_instances").paginate(**query)
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
@@ -203,6 +253,11 @@ class AwsProvider(ProviderAdapter):
                 found[scoped_id(region, instance["InstanceId"])] = InstanceState(
                     alive=state not in GONE_STATES,
                     reason="reclaimed" if state in GONE_STATES and reclaimed else None,
+                    address=instance.get(
+                        "PrivateIpAddress"
+                        if settings.VERI_SERVING_PRIVATE_NETWORK
+                        else "PublicIpAddress"
+                    ),
                 )
         # An instance EC2 no longer lists is gone.
         return {i: found.get(i, InstanceState(alive=False)) for i in instance_ids}

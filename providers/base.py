@@ -78,6 +78,9 @@ class InstanceState:
     reason: str | None = (
         None  # why it ended, when the provider says: "reclaimed", "max_run_duration"
     )
+    # Where the control plane reaches the machine, as the provider reports it (its public IP,
+    # or its private one under VERI_SERVING_PRIVATE_NETWORK); None: the provider names none.
+    address: str | None = None
 
 
 class ProviderAdapter:
@@ -87,6 +90,14 @@ class ProviderAdapter:
     # A request the provider fulfils later (GCP Flex-start): the job stays `queued`, unbilled,
     # until the machine is there (`InstanceState.ready`).
     waits_for_capacity = False
+    # Whether a deployment's replica may run here: its serving port is opened to the control plane
+    # (VERI_SERVING_ALLOWED_CIDR) at launch and the machine's address is known. A provider that
+    # cannot do both refuses deployments (`provider_not_supported`) rather than rent a machine
+    # that becomes ready but cannot be reached.
+    serves_replicas = False
+    # The ports a replica may serve on (those opened at launch); None: any (the local provider's
+    # loopback).
+    serving_ports: range | None = None
 
     def max_instances(self) -> int | None:
         """How many machines this deployment may hold on the provider at once (None: no limit
@@ -104,6 +115,12 @@ class ProviderAdapter:
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         """One call for many instances (watchdogs ask about every active job each tick)."""
         raise NotImplementedError
+
+    def replica_address(self, instance_id: str) -> str | None:
+        """Where the control plane reaches a replica's machine: what the provider reports of it,
+        never what the machine says of itself."""
+        state = self.states([instance_id]).get(instance_id)
+        return state.address if state is not None and state.alive else None
 
     def terminate(self, instance_id: str) -> None:
         """Stop the instance and everything on it; terminating a gone instance is fine."""

@@ -18,6 +18,7 @@ from providers.base import (
 )
 from providers.http import ProviderApiError, RestClient
 from veri.services import deployment_id
+from worker.serve_vllm import PORTS
 
 # Droplet sizes by GPU count; DigitalOcean's GPU images carry the drivers.
 SIZES = {"H100-80GB": {1: "gpu-h100x1-80gb", 8: "gpu-h100x8-640gb"}}
@@ -42,6 +43,35 @@ def deployment_tag() -> str:
     return f"veri-deployment:{deployment_id()}"
 
 
+def serving_tag() -> str:
+    """The tag of this deployment's replicas' droplets, which its serving firewall applies to."""
+    return f"veri-serving:{deployment_id()}"
+
+
+def serving_firewall() -> dict:
+    """This deployment's cloud firewall for replicas: the serving ports open to
+    VERI_SERVING_ALLOWED_CIDR, and every outbound connection (a droplet under a cloud firewall
+    may reach only what its outbound rules allow: the control plane, the package index, the
+    model hub). A job's droplet has no firewall: it needs no inbound port."""
+    anywhere = {"addresses": ["0.0.0.0/0", "::/0"]}
+    return {
+        "name": f"veri-serving-{deployment_id()}",
+        "inbound_rules": [
+            {
+                "protocol": "tcp",
+                "ports": f"{PORTS.start}-{PORTS.stop - 1}",
+                "sources": {"addresses": [settings.VERI_SERVING_ALLOWED_CIDR]},
+            }
+        ],
+        # Ports "0": all of them (firewalls/models/firewall_rule.yml, `ports`).
+        "outbound_rules": [
+            {"protocol": "tcp", "ports": "0", "destinations": anywhere},
+            {"protocol": "udp", "ports": "0", "destinations": anywhere},
+        ],
+        "tags": [serving_tag()],
+    }
+
+
 def size_for(gpu_type: str, gpu_count: int) -> str | None:
     sizes = SIZES.get(gpu_type, {})
     return next((sizes[n] for n in sorted(sizes) if n >= gpu_count), None)
@@ -49,6 +79,8 @@ def size_for(gpu_type: str, gpu_count: int) -> str | None:
 
 class DigitalOceanProvider(ProviderAdapter):
     name = "digitalocean"
+    serves_replicas = True
+    serving_ports = PORTS
 
     def api(self) -> RestClient:
         return RestClient("DigitalOcean", settings.VERI_DIGITALOCEAN_API_URL, self.token())
@@ -67,13 +99,17 @@ class DigitalOceanProvider(ProviderAdapter):
                 f"DigitalOcean has no droplet with {spec.gpu_count}x {spec.gpu_type}"
             )
         launch_tag = LAUNCH_TAG_PREFIX + secrets.token_hex(8)
+        tags = [JOB_TAG_PREFIX + spec.job_id, deployment_tag(), launch_tag]
+        if spec.kind == "replicas":
+            self.open_serving_ports()
+            tags.append(serving_tag())
         body = {
             "name": f"veri-{spec.job_id}".replace("_", "-"),
             "region": spec.zone,
             "size": size,
             "image": IMAGES[size],
             "user_data": bootstrap.render(spec),
-            "tags": [JOB_TAG_PREFIX + spec.job_id, deployment_tag(), launch_tag],
+            "tags": tags,
             "monitoring": True,
         }
 
@@ -97,6 +133,23 @@ class DigitalOceanProvider(ProviderAdapter):
             ) from exc
         return str(answer["droplet"]["id"])
 
+    def open_serving_ports(self) -> None:
+        """Create this deployment's serving firewall, or bring it to the settings (PUT replaces
+        it whole, so a changed VERI_SERVING_ALLOWED_CIDR replaces the old one)."""
+        wanted = serving_firewall()
+        try:
+            found = self.api().request("GET", "/v2/firewalls", params={"per_page": 200})
+            mine = [f for f in found.get("firewalls", []) if f.get("name") == wanted["name"]]
+            if mine:
+                self.api().request("PUT", f"/v2/firewalls/{mine[0]['id']}", json=wanted)
+            else:
+                self.api().request("POST", "/v2/firewalls", json=wanted)
+        except ProviderApiError as exc:
+            message = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc.body)
+            raise ProviderError(
+                f"DigitalOcean refused the serving firewall (HTTP {exc.status}): {message}"
+            ) from exc
+
     def _droplets(self) -> list[dict]:
         """This deployment's droplets. The listing returns only non-GPU droplets unless
         `type=gpus`, which cannot be combined with `tag_name` (droplets_list.yml, "GPU
@@ -114,8 +167,21 @@ class DigitalOceanProvider(ProviderAdapter):
     def states(self, instance_ids: list[str]) -> dict[str, InstanceState]:
         """A droplet that is off (the bootstrap's own `shutdown -h`, or powered off) runs no
         worker: not alive, although it still bills until the sweeper or settle deletes it."""
-        status = {str(d["id"]): d["status"] for d in self._droplets()}
-        return {i: InstanceState(alive=status.get(i) in RUNNING) for i in instance_ids}
+        kind = "private" if settings.VERI_SERVING_PRIVATE_NETWORK else "public"
+        found = {}
+        for droplet in self._droplets():
+            address = next(
+                (
+                    n.get("ip_address")
+                    for n in droplet.get("networks", {}).get("v4", [])
+                    if n.get("type") == kind
+                ),
+                None,
+            )
+            found[str(droplet["id"])] = InstanceState(
+                alive=droplet["status"] in RUNNING, address=address
+            )
+        return {i: found.get(i, InstanceState(alive=False)) for i in instance_ids}
 
     def terminate(self, instance_id: str) -> None:
         self.api().delete(f"/v2/droplets/{int(instance_id)}")

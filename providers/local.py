@@ -109,6 +109,7 @@ def _start_time(pid: int) -> str | None:
 class LocalProvider(ProviderAdapter):
     name = "local"
     availability_ttl_seconds = 0  # free slots change with every job; counting them is cheap
+    serves_replicas = True  # on this machine's loopback, beside the router
 
     def is_configured(self) -> bool:
         return True
@@ -189,6 +190,10 @@ class LocalProvider(ProviderAdapter):
         # until this task worker exits.
         threading.Thread(target=host.wait, name=f"reap-{host.pid}", daemon=True).start()
         return f"{host.pid}:{_start_time(host.pid)}"
+
+    def replica_address(self, instance_id: str) -> str:
+        """A local replica serves on this machine's loopback, where the router runs."""
+        return "127.0.0.1"
 
     def _reclaimed_dir(self) -> Path:
         return Path(settings.VERI_LOCAL_INSTANCES_DIR) / RECLAIMED_DIR

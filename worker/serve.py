@@ -1,4 +1,5 @@
-"""`python -m worker serve --replica ID --api URL` (the replica token in VERI_REPLICA_TOKEN): a
+"""`python -m worker serve --replica ID --api URL` (the replica token in VERI_REPLICA_TOKEN, its
+serving key, which every request must bear, in VERI_SERVING_KEY): a
 deployment's serving process on the embedded default, on transformers + PEFT on CPU. It
 registers, fetches the base model and each adapter from the presigned URLs its spec gives,
 loads them, answers OpenAI's `/v1/chat/completions` and `/v1/completions` (streaming too) on a
@@ -8,6 +9,7 @@ One request is generated at a time (a lock around the model): a small CPU server
 one. On a rented GPU machine (`--engine vllm`) the same fetched files are served by vLLM instead
 (worker/serve_vllm.py)."""
 
+import hmac
 import json
 import os
 import sys
@@ -285,7 +287,11 @@ def error_body(message: str, kind: str = "server_error", code: str | None = None
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
-def handler_for(engine: Engine):
+def handler_for(engine: Engine, key: str):
+    """The replica's server: every route but `/health` requires `Authorization: Bearer KEY`,
+    the replica's serving key, which only the router holds."""
+    expected = f"Bearer {key}".encode()
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # streams end when the connection closes
 
@@ -300,9 +306,18 @@ def handler_for(engine: Engine):
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self) -> bool:
+            given = self.headers.get("Authorization", "").encode()
+            if hmac.compare_digest(given, expected):
+                return False
+            self._json(401, error_body("A serving key is required.", "invalid_request_error"))
+            return True
+
         def do_GET(self):  # noqa: N802 - the base class's name
             if self.path == "/health":
                 return self._json(200, {"ok": True})
+            if self._refused():
+                return None
             if self.path == "/v1/models":
                 data = [
                     {"id": m, "object": "model", "owned_by": "veri"} for m in sorted(engine.models)
@@ -311,6 +326,8 @@ def handler_for(engine: Engine):
             return self._json(404, error_body("Not found.", "invalid_request_error"))
 
         def do_POST(self):  # noqa: N802 - the base class's name
+            if self._refused():
+                return None
             kind = ROUTES.get(self.path)
             if kind is None:
                 return self._json(404, error_body("Not found.", "invalid_request_error"))
@@ -388,8 +405,9 @@ def serve(
     max_loras: int = 1,
 ) -> int:
     token = os.environ.pop("VERI_REPLICA_TOKEN", None)
-    if not token:
-        print("VERI_REPLICA_TOKEN is not set", file=sys.stderr)
+    key = os.environ.pop("VERI_SERVING_KEY", None)
+    if not token or not key:
+        print("VERI_REPLICA_TOKEN and VERI_SERVING_KEY must be set", file=sys.stderr)
         return 2
     api = ControlPlane(api_url=api_url, job_id=replica_id, token=token, kind="replicas")
     spec = api.call("POST", "/register")
@@ -414,11 +432,12 @@ def serve(
             base=base,
             served_name=spec["base_model"]["name"],
             adapters=adapters,
+            key=key,
             tensor_parallel_size=tensor_parallel_size,
             max_loras=max_loras,
             heartbeat_seconds=period,
         )
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(model))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(model, key))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host, port = server.server_address[:2]

@@ -1,7 +1,9 @@
 """A replica's vLLM, on a rented GPU machine (`python -m worker serve … --engine vllm`): with the
 base model and adapters fetched as the CPU engine fetches them, start vLLM's OpenAI-compatible
-server on this machine's loopback with LoRA enabled, wait for its `/health`, report ready with its
-URL, heartbeat while it lives, and report it failed with its last output lines when it exits.
+server with LoRA enabled on every interface, on a port of PORTS (those the provider opened to the
+control plane at launch), requiring the replica's serving key (`--api-key`: only the router holds
+it); wait for its `/health`, report ready with its port, heartbeat while it lives, and report it
+failed with its last output lines when it exits.
 
 The machine's bootstrap installs vLLM (the control plane's VERI_VLLM_REQUIREMENT) in a virtualenv
 of its own and puts its `vllm` on PATH. A model vLLM cannot load is the customer's
@@ -29,6 +31,12 @@ TAIL_LINES = 40  # of vLLM's output, sent with a failure
 POLL_SECONDS = 0.5
 STOP_SECONDS = 30  # how long vLLM gets to exit on SIGTERM before it is killed
 MAX_MESSAGE = 10_000  # the control plane's limit on a failure's message
+# The ports a replica on a rented machine serves on: the providers open these to the control
+# plane, and the control plane accepts a ready report only on one of them.
+PORTS = range(8000, 8010)
+# A refused ready report (the provider reports no address for the machine yet) is sent again
+# this long after, until the control plane's start timeout ends the replica.
+READY_RETRY_SECONDS = 15
 
 
 def max_lora_rank(adapters: dict[str, Path]) -> int:
@@ -59,19 +67,23 @@ def command(
     served_name: str,
     adapters: dict[str, Path],
     port: int,
+    key: str,
     tensor_parallel_size: int,
     max_loras: int,
 ) -> list[str]:
     """`vllm serve` for the base (a folder, or a hub id vLLM fetches), served under the
-    deployment's base name, each adapter under its own name, on loopback."""
+    deployment's base name, each adapter under its own name, on every interface (the router
+    calls it from the control plane) behind the serving key."""
     args = [
         "vllm",
         "serve",
         str(base),
         "--host",
-        "127.0.0.1",
+        "0.0.0.0",  # noqa: S104 - the router is on another machine; the key guards it
         "--port",
         str(port),
+        "--api-key",
+        key,
         "--served-model-name",
         served_name,
         "--tensor-parallel-size",
@@ -90,10 +102,16 @@ def command(
     return args
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_port() -> int | None:
+    """The first of PORTS nothing listens on, or None."""
+    for port in PORTS:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port))  # noqa: S104 - where vLLM will listen
+            except OSError:
+                continue
+            return port
+    return None
 
 
 def healthy(url: str) -> bool:
@@ -130,6 +148,7 @@ def run(
     base: str | Path,
     served_name: str,
     adapters: dict[str, Path],
+    key: str,
     tensor_parallel_size: int,
     max_loras: int,
     heartbeat_seconds: float,
@@ -142,19 +161,24 @@ def run(
         )
         return 1
     port = free_port()
+    if port is None:
+        message = f"No free serving port in {PORTS.start}-{PORTS.stop - 1} on the machine."
+        _report(api, "/failed", {"code": "provisioning_error", "message": message})
+        return 1
     try:
         args = command(
             base=base,
             served_name=served_name,
             adapters=adapters,
             port=port,
+            key=key,
             tensor_parallel_size=tensor_parallel_size,
             max_loras=max_loras,
         )
     except (OSError, ValueError) as exc:  # an adapter without a readable config
         _report(api, "/failed", {"code": "model_load_error", "message": str(exc)[:MAX_MESSAGE]})
         return 1
-    print(f"[veri] starting {' '.join(args)}", flush=True)
+    print(f"[veri] starting {' '.join(args).replace(key, '***')}", flush=True)
     child = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     )
@@ -168,6 +192,7 @@ def run(
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
     url, ready = f"http://127.0.0.1:{port}", False
+    next_ready = time.monotonic()
     next_beat = time.monotonic() + heartbeat_seconds
     try:
         while True:
@@ -180,11 +205,17 @@ def run(
                 code = "replica_failed" if ready else "model_load_error"
                 _report(api, "/failed", {"code": code, "message": head + body})
                 return 1
-            if not ready and healthy(url):
-                if not _report(api, "/ready", {"url": url}):
-                    return 0
-                ready = True
-                print(f"[veri] vLLM serves {served_name} and {sorted(adapters)} on {url}")
+            if not ready and time.monotonic() >= next_ready and healthy(url):
+                try:
+                    if not _report(api, "/ready", {"url": url}):
+                        return 0
+                    ready = True
+                    print(f"[veri] vLLM serves {served_name} and {sorted(adapters)} on port {port}")
+                except ControlPlaneError as exc:  # e.g. no address for the machine yet
+                    if exc.status != 400:
+                        raise
+                    print(f"[veri] ready report refused, asking again: {exc}", flush=True)
+                    next_ready = time.monotonic() + READY_RETRY_SECONDS
             if time.monotonic() >= next_beat:  # also while loading: a stopped replica ends it
                 try:
                     if not _report(api, "/heartbeat", {}):

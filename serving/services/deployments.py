@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import transaction
 
 from providers import catalog
-from providers.services import is_usable
+from providers.services import get_adapter, is_usable
 from serving import hooks
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus
 from serving.services import replicas, states
@@ -92,6 +92,13 @@ def _placement(shape: Shape) -> tuple[str, str, str]:
     spec = catalog.get_provider(provider)
     if spec is None or not is_usable(provider):
         raise VeriError(f"Provider {provider!r} is not offered here.", field="provider")
+    if not get_adapter(provider).serves_replicas:  # its machine's port cannot be opened yet
+        raise VeriError(
+            f"Deployments do not run on {provider} yet: the control plane could not reach a "
+            "replica there (see docs/user-guide/serving.md for the providers that serve).",
+            field="provider",
+            code="provider_not_supported",
+        )
     gpu_type = shape.gpu_type or settings.VERI_SERVING_GPU_TYPE
     if spec.gpu(gpu_type) is None:
         raise VeriError(f"{provider} has no GPU type {gpu_type!r}.", field="gpu_type")

@@ -103,7 +103,10 @@ def forward(*, held: InflightRequest, path: str, body: bytes) -> HttpResponse:
         "POST",
         f"{replica.url.rstrip('/')}{path}",
         content=body,
-        headers={"Content-Type": "application/json"},
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {replicas.serving_key(replica=replica)}",
+        },
     )
     try:
         upstream = client.send(request, stream=True)

@@ -32,6 +32,7 @@ from volumes.stores import store_for
 log = logging.getLogger(__name__)
 S, R = DeploymentStatus, ReplicaStatus
 TOKEN_PREFIX = "veri_rt_"
+SERVING_KEY_PREFIX = "veri_srv_"  # not an API key's veri_sk_
 LAUNCHING = "launching"  # external_id while a task launches the machine
 # What a serving process may say of itself: its model would not load (the customer's), its
 # engine died after it was ready (the platform's), or, from the machine's bootstrap while the
@@ -96,13 +97,20 @@ def launch_replica(*, replica_id: int) -> str:
         gpu_type=deployment.gpu_type,
         gpu_count=deployment.gpu_count,
         api_url=api,
-        env={"VERI_REPLICA_TOKEN": token, "VERI_API_URL": api},
+        env={
+            "VERI_REPLICA_TOKEN": token,
+            "VERI_SERVING_KEY": serving_key(replica=replica),
+            "VERI_API_URL": api,
+        },
         worker_args=serve_command(replica=replica, api=api, vllm=vllm),
         kind="replicas",
         engine_requirement=settings.VERI_VLLM_REQUIREMENT if vllm else "",
     )
+    adapter = get_adapter(deployment.provider)
     try:
-        external_id = get_adapter(deployment.provider).launch(spec)
+        if not adapter.serves_replicas:  # a deployment made before its provider stopped serving
+            raise ProviderError(f"{deployment.provider} does not serve deployments yet")
+        external_id = adapter.launch(spec)
     except ProviderError as exc:
         Replica.objects.filter(pk=replica.pk).update(external_id="")
         fail_replica(replica=replica, code="provisioning_error", message=str(exc))
@@ -135,6 +143,16 @@ def mint_token(*, replica: Replica) -> str:
     token = f"{TOKEN_PREFIX}{secrets.token_hex(32)}"
     Replica.objects.filter(pk=replica.pk).update(token_hash=_hash(token))
     return token
+
+
+def serving_key(*, replica: Replica) -> str:
+    """The key the replica's server requires of every request (`Authorization: Bearer`): only
+    the router sends it, so nothing else that reaches the machine's port is served. Derived from
+    SECRET_KEY and the replica's id, so nothing is stored; handed to the machine at launch."""
+    digest = hmac.new(
+        settings.SECRET_KEY.encode(), f"serving:{replica.public_id}".encode(), hashlib.sha256
+    )
+    return SERVING_KEY_PREFIX + digest.hexdigest()
 
 
 def authenticate(*, replica_id: str, raw: str) -> Replica | None:
@@ -194,15 +212,48 @@ def replica_spec(*, replica: Replica) -> dict:
     }
 
 
-# Where a replica may say it serves: the router sends workspace requests there, so a replica
-# (hostile, like anything a worker sends) must not point it elsewhere. A replica serves on its
-# machine's loopback: on the `local` provider that is this machine's.
+# How a replica names where it serves: its own loopback and a port. Only the port is taken from
+# it; the host the router calls is what the provider reports of the machine, so a replica (hostile,
+# like anything a worker sends) cannot point the router anywhere else.
 REPLICA_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
+def router_url(*, replica: Replica, url: str) -> str:
+    """The URL the router sends the replica's requests to: the provider's address of its machine
+    and the port the replica reports (one of the ports its provider opened)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # out of range
+        port = None
+    if parts.hostname not in REPLICA_HOSTS or port is None:
+        raise VeriError("A replica reports its machine's loopback address and port.", field="url")
+    adapter = get_adapter(replica.provider)
+    ports = adapter.serving_ports
+    if ports is not None and port not in ports:
+        raise VeriError(
+            f"A replica serves on a port from {ports.start} to {ports.stop - 1}.", field="url"
+        )
+    address = None
+    launched = replica.external_id not in ("", LAUNCHING)
+    # A provider that does not serve replicas has no address for them; the local one's (its
+    # loopback, open to no one else) needs no machine id.
+    if adapter.serves_replicas and (launched or ports is None):
+        try:
+            address = adapter.replica_address(replica.external_id)
+        except Exception:  # noqa: BLE001 - any failure of the provider's API: refused for now
+            log.warning("no address for replica %s", replica.public_id, exc_info=True)
+    if not address:
+        raise VeriError("The provider reports no address for the replica's machine.", field="url")
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
 def mark_ready(*, replica: Replica, url: str) -> Replica:
-    if urlsplit(url).hostname not in REPLICA_HOSTS:
-        raise VeriError("A replica serves on its own machine's loopback address.", field="url")
+    """The replica serves: the router reaches it at `router_url`. A report the control plane
+    cannot turn into an address of the machine is refused (the replica stays starting, and
+    times out as the catalog says)."""
+    url = router_url(replica=replica, url=url)
     with transaction.atomic():
         changed = Replica.objects.filter(pk=replica.pk, status=R.STARTING).update(
             status=R.READY, url=url, ready_at=timezone.now(), last_heartbeat_at=timezone.now()

@@ -51,6 +51,9 @@ class Ec2Proxy:
         # A TerminateInstances ends the override: EC2 then moves the instance towards
         # terminated, which moto reports.
         self.states: dict[str, str] = {}
+        # instance id -> the public IP DescribeInstances reports for it (moto makes up its own,
+        # which nothing here listens on): a loopback alias stands in for a machine's address.
+        self.addresses: dict[str, str] = {}
         self.lock = threading.Lock()
         proxy = self
 
@@ -109,7 +112,8 @@ class Ec2Proxy:
             request.command, self.upstream + request.path, headers=headers, content=body, timeout=60
         )
         result = (answer.status_code, answer.content, answer.headers.get("content-type"))
-        if fields.get("Action") == "DescribeInstances" and self.states and answer.is_success:
+        overridden = self.states or self.addresses
+        if fields.get("Action") == "DescribeInstances" and overridden and answer.is_success:
             result = (answer.status_code, self._reported(answer.content, wanted_states), result[2])
         if token and answer.status_code == 200:
             self.by_client_token[token] = result
@@ -158,6 +162,12 @@ class Ec2Proxy:
                 if name is not None:
                     state.find("ec2:name", ns).text = name
                     state.find("ec2:code", ns).text = str(STATE_CODES[name])
+                address = self.addresses.get(instance.findtext("ec2:instanceId", "", ns))
+                if address is not None:
+                    found = instance.find("ec2:ipAddress", ns)
+                    if found is None:
+                        found = ET.SubElement(instance, f"{{{EC2_NS}}}ipAddress")
+                    found.text = address
                 if wanted is not None and state.findtext("ec2:name", "", ns) not in wanted:
                     instances.remove(instance)
             if not len(instances):

@@ -119,15 +119,32 @@ class FakeDigitalOcean(FakeApi):
 
     def __init__(self):
         self.droplets: dict[int, dict] = {}
+        self.firewalls: dict[str, dict] = {}
+        # droplet id -> its public IPv4 address (a loopback alias stands in for one)
+        self.addresses: dict[int, str] = {}
         # region -> the answer to a create there: a 422 message, or (status, id, message)
         self.refusals: dict[str, str | tuple[int, str, str]] = {}
         super().__init__()
+
+    def networks(self, droplet_id: int) -> list[dict]:
+        private = {"ip_address": f"10.10.0.{droplet_id % 250}", "type": "private"}
+        public = self.addresses.get(droplet_id, f"203.0.113.{droplet_id % 250}")
+        return [{"ip_address": public, "type": "public"}, private]
 
     def route(self, method, path, query, body):
         if method == "POST" and path == "/v2/droplets":
             return self.create(body)
         if method == "GET" and path == "/v2/droplets":
             return self.list(query)
+        if method == "GET" and path == "/v2/firewalls":
+            found = list(self.firewalls.values())
+            return 200, {"firewalls": found, "links": {}, "meta": {"total": len(found)}}
+        if method == "POST" and path == "/v2/firewalls":
+            return self.firewall(str(self.new_id()), body, 202)
+        if method == "PUT" and (match := re.fullmatch(r"/v2/firewalls/([^/]+)", path)):
+            if match.group(1) not in self.firewalls:
+                return 404, {"id": "not_found", "message": "no such firewall"}
+            return self.firewall(match.group(1), body, 200)
         if method == "GET" and path == "/v2/sizes":
             return 200, {"sizes": self.SIZES, "links": {}, "meta": {"total": len(self.SIZES)}}
         if match := re.fullmatch(r"/v2/droplets/(\d+)", path):
@@ -143,6 +160,23 @@ class FakeDigitalOcean(FakeApi):
             return 200, {"droplet": self.droplets[droplet_id]}
         return 404, {"id": "not_found", "message": f"no route {method} {path}"}
 
+    def firewall(self, firewall_id: str, body, status: int):
+        """spec: firewalls/models/firewall.yml: `name` (^[a-zA-Z0-9][a-zA-Z0-9.-]+$), rules of
+        firewall_rule.yml (`protocol` tcp, udp or icmp; `ports` a port, a range or "0" for all;
+        `sources` / `destinations` with `addresses`), and `tags` it applies to."""
+        if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9.-]+", (body or {}).get("name", "")):
+            return self.refuse_shape("name: letters, digits, dots and dashes")
+        for side, target in (("inbound_rules", "sources"), ("outbound_rules", "destinations")):
+            for rule in body.get(side, []):
+                if rule.get("protocol") not in ("tcp", "udp", "icmp"):
+                    return self.refuse_shape(f"{side}: protocol tcp, udp or icmp")
+                if not re.fullmatch(r"\d+(-\d+)?", rule.get("ports", "")):
+                    return self.refuse_shape(f"{side}: ports a port, a range or 0")
+                if not isinstance(rule.get(target, {}).get("addresses"), list):
+                    return self.refuse_shape(f"{side}: {target}.addresses")
+        self.firewalls[firewall_id] = {"id": firewall_id, "status": "succeeded", **body}
+        return status, {"firewall": self.firewalls[firewall_id]}
+
     def list(self, query):
         tag, kind = query.get("tag_name"), query.get("type")
         # spec: droplets/parameters.yml `droplet_tag_name`: "Can not be combined with `name` or
@@ -155,7 +189,9 @@ class FakeDigitalOcean(FakeApi):
         # are returned. To list only GPU Droplets, set the `type` query parameter to `gpus`."
         gpus = kind == "gpus"
         found = [
-            d
+            # spec: droplets/models/droplet.yml, `networks.v4`: each with `ip_address` and `type`
+            # (public or private).
+            d | {"networks": {"v4": self.networks(d["id"])}}
             for d in self.droplets.values()
             if d["size_slug"].startswith("gpu-") == gpus and (tag is None or tag in d["tags"])
         ]

@@ -13,6 +13,7 @@ import pytest
 
 from serving import tasks
 from serving.models import Replica
+from serving.services import replicas
 from tests.conftest import fill_volume
 from tests.providers.conftest import ec2_client, instances, submit_aws
 from tests.providers.test_bootstrap import boot, wheel
@@ -38,24 +39,11 @@ def digitalocean_script(fake, request) -> str:
     return body["user_data"]
 
 
-def vast_script(fake, request) -> str:
-    [instance] = fake.instances.values()
-    return instance["onstart"]
-
-
-def gcp_script(fake, request) -> str:
-    [body] = fake.calls("POST", r"/compute/v1/projects/veri-test/zones/[^/]+/instances")
-    [startup] = body["metadata"]["items"]
-    assert startup["key"] == "startup-script"
-    return startup["value"]
-
-
-# (provider, its fake's fixture, gpu_type, gpu_count, the rendered script as the provider got it)
+# (provider, its fake's fixture, gpu_type, gpu_count, the rendered script as the provider got it):
+# the providers that serve replicas (test_serving_routes.py: the others refuse deployments).
 PROVIDERS = [
     ("aws", "ec2", "L4-24GB", 4, aws_script),
     ("digitalocean", "digitalocean", "H100-80GB", 8, digitalocean_script),
-    ("vast", "vast", "RTX4090-24GB", 2, vast_script),
-    ("gcp", "gcp", "H100-80GB", 1, gcp_script),
 ]
 
 
@@ -84,8 +72,6 @@ def test_a_deployment_on_a_cloud_provider_boots_its_replica_on_vllm_with_lora(
     script_of,
 ):  # fmt: skip
     fake = request.getfixturevalue(fixture)
-    if provider == "vast":
-        fake.add_offer("RTX 4090", gpu_count, "Texas, US", 0.6)
     created = api_client.post(
         "/v1/deployments",
         {
@@ -129,6 +115,7 @@ def test_a_deployment_on_a_cloud_provider_boots_its_replica_on_vllm_with_lora(
     assert f"\njob={replica.public_id}\n" in script
     assert 'routes="$api/v1/worker/replicas/$job"' in script
     assert "\nVERI_REPLICA_TOKEN=veri_rt_" in script and "VERI_JOB_TOKEN" not in script
+    assert f"\nVERI_SERVING_KEY={replicas.serving_key(replica=replica)}\n" in script
     assert api_client.raw_key not in script
     assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0
 
@@ -233,5 +220,6 @@ def test_a_replica_machine_installs_vllm_beside_the_worker_and_starts_it_serving
         "2",
     ]
     assert ran["env"]["VERI_REPLICA_TOKEN"].startswith("veri_rt_")
+    assert ran["env"]["VERI_SERVING_KEY"] == replicas.serving_key(replica=replica)
     assert ran["vllm"] == str(root / "engine" / "bin" / "vllm")  # its own virtualenv
     assert "[veri] installed vllm-stand-in==1.0 in" in log

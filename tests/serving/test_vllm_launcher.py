@@ -16,6 +16,7 @@ import pytest
 from serving.models import Deployment, Replica
 from serving.services import replicas
 from tests.conftest import REPO, wait_for
+from tests.providers.conftest import ec2, ec2_endpoint  # noqa: F401 - the fixtures
 from tests.training.conftest import upload_dataset
 from training.models import Checkpoint, Dataset, TrainingJob
 from volumes.stores import store_for
@@ -28,9 +29,10 @@ NAMES = ["ft:Qwen/Qwen2.5-0.5B:acme:fruit:ftjob_a", "ckpt=b"]
 
 
 @pytest.fixture
-def replica(live_server, billed, settings, local_store_url, api_client) -> Replica:
+def replica(live_server, billed, settings, local_store_url, api_client, ec2) -> Replica:  # noqa: F811
     """A starting replica of a deployment of BASE with two adapters (ranks 8 and 12), its
-    adapters' files in the store; nothing launched (the test runs the serving process)."""
+    adapters' files in the store, its machine launched on EC2 (moto), which reports this
+    machine's loopback as its address: the test runs the serving process here."""
     settings.VERI_STORE = local_store_url
     settings.VERI_REPLICA_HEARTBEAT_SECONDS = 1
     dataset = upload_dataset(api_client, [{"text": "row"}])
@@ -63,7 +65,11 @@ def replica(live_server, billed, settings, local_store_url, api_client) -> Repli
         region="us-east-1",
         status="starting",
     )
-    return Replica.objects.create(deployment=deployment, provider="aws")
+    replica = Replica.objects.create(deployment=deployment, provider="aws")
+    assert replicas.launch_replica(replica_id=replica.pk) == "launched"
+    replica.refresh_from_db()
+    ec2.addresses[replica.external_id.partition("/")[2]] = "127.0.0.1"
+    return replica
 
 
 def serve(replica: Replica, api: str, tmp_path: Path, **env) -> subprocess.Popen:
@@ -81,6 +87,7 @@ def serve(replica: Replica, api: str, tmp_path: Path, **env) -> subprocess.Popen
             **os.environ,
             "PATH": f"{bin_dir}:{os.environ['PATH']}",
             "VERI_REPLICA_TOKEN": replicas.mint_token(replica=replica),
+            "VERI_SERVING_KEY": replicas.serving_key(replica=replica),
             "VERI_WORK_DIR": str(tmp_path / "work"),
             "VLLM_STANDIN_RECORD": str(tmp_path / "vllm.json"),
             **env,
@@ -110,9 +117,11 @@ def test_vllm_starts_with_lora_for_each_adapter_and_reports_ready_with_its_url(
             "serve",
             BASE,
             "--host",
-            "127.0.0.1",
+            "0.0.0.0",
             "--port",
             port,
+            "--api-key",
+            replicas.serving_key(replica=replica),
             "--served-model-name",
             BASE,
             "--tensor-parallel-size",
@@ -127,10 +136,13 @@ def test_vllm_starts_with_lora_for_each_adapter_and_reports_ready_with_its_url(
             json.dumps({"name": NAMES[1], "path": str(work / "1")}),
         ]
         assert json.loads((work / "1" / "adapter_config.json").read_text())["r"] == 12
+        assert int(port) in range(8000, 8010)  # the ports the provider opened
         assert "VERI_REPLICA_TOKEN" not in started["env"]  # vLLM never holds the token
-        answer = httpx.post(
-            f"{ready.url}/v1/chat/completions", json={"model": NAMES[0], "stream": True}
-        )
+        assert "VERI_SERVING_KEY" not in started["env"]  # only its argument
+        chat = {"model": NAMES[0], "stream": True}
+        assert httpx.post(f"{ready.url}/v1/chat/completions", json=chat).status_code == 401
+        key = {"Authorization": f"Bearer {replicas.serving_key(replica=replica)}"}
+        answer = httpx.post(f"{ready.url}/v1/chat/completions", json=chat, headers=key)
         assert f'"content": "{NAMES[0]}"' in answer.text
 
         # Heartbeats while it serves; once the replica is stopped vLLM is stopped with it.
@@ -155,7 +167,11 @@ def test_vllm_crashing_while_serving_fails_the_replica_as_the_platforms_with_its
             lambda: Replica.objects.filter(pk=replica.pk, status="ready").first(), 120, "ready"
         )
         with pytest.raises(httpx.HTTPError):
-            httpx.post(f"{ready.url}/v1/chat/completions", json={"model": "crash"})
+            httpx.post(
+                f"{ready.url}/v1/chat/completions",
+                json={"model": "crash"},
+                headers={"Authorization": f"Bearer {replicas.serving_key(replica=replica)}"},
+            )
         failed = wait_for(lambda: ended(replica), 60, "the failure report")
         assert failed.error_code == "replica_failed"
         assert "vLLM exited with status 1 after serving" in failed.error_message
@@ -182,5 +198,29 @@ def test_a_model_vllm_cannot_load_is_the_customers_model_load_error(live_server,
         assert worker.wait(30) == 1
         deployment = Deployment.objects.get(pk=replica.deployment_id)
         assert (deployment.status, deployment.error_attribution) == ("failed", "customer")
+    finally:
+        worker.kill()
+
+
+def test_a_ready_report_refused_while_the_provider_names_no_address_is_sent_again(
+    live_server,
+    replica,
+    tmp_path,
+    ec2,  # noqa: F811
+):
+    machine = replica.external_id.partition("/")[2]
+    ec2.states[machine] = "stopping"  # EC2 reports it gone: no address to route to
+    asked = len(ec2.calls("DescribeInstances"))
+    worker = serve(replica, live_server.url, tmp_path)
+    try:
+        wait_for(lambda: len(ec2.calls("DescribeInstances")) > asked, 120, "a ready report")
+        replica.refresh_from_db()
+        assert replica.status == "starting" and not replica.url  # refused
+        del ec2.states[machine]  # EC2 now reports the machine, at this machine's loopback
+        ready = wait_for(
+            lambda: Replica.objects.filter(pk=replica.pk, status="ready").first(), 60, "ready"
+        )
+        assert ready.url.startswith("http://127.0.0.1:80")
+        assert worker.poll() is None  # serving
     finally:
         worker.kill()

@@ -1,6 +1,7 @@
 """A stand-in for `vllm serve` (GPU-only) in the launcher's tests: it writes down how it was started
 (VLLM_STANDIN_RECORD), then serves `/health` and `/v1/chat/completions` (streamed, naming the
-model it was asked for) on the --host and --port it was given, after a second of "loading".
+model it was asked for) on the --host and --port it was given, after a second of "loading"; as
+vLLM with `--api-key`, every `/v1` request must bear it (`Authorization: Bearer`), else 401.
 
 VLLM_STANDIN_REFUSE=TEXT: print a traceback ending in TEXT and exit 1 while loading, as vLLM does
 with a model it cannot load. A chat request for the model `crash` prints a CUDA error and exits 1,
@@ -23,6 +24,7 @@ if refusal := os.environ.get("VLLM_STANDIN_REFUSE"):
     print(f"ValueError: {refusal}", file=sys.stderr, flush=True)
     sys.exit(1)
 host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+key = argv[argv.index("--api-key") + 1]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -36,6 +38,10 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_POST(self):  # noqa: N802 - the base class's name
+        if self.headers.get("Authorization") != f"Bearer {key}":
+            self.send_response(401)
+            self.end_headers()
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body["model"] == "crash":
             print("RuntimeError: CUDA error: an illegal memory access", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The serving process (worker.serve) on the tiny model, over real HTTP: every malformed request
-is answered 400 (404 for an unknown model) in OpenAI's error shape, never a 500, and the
-sampling parameters do what they say."""
+is answered 400 (404 for an unknown model) in OpenAI's error shape, never a 500, the sampling
+parameters do what they say, and nothing is served without the replica's serving key."""
 
 from http.server import ThreadingHTTPServer
 
@@ -12,14 +12,30 @@ from worker.serve import Engine, handler_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a fruit."}]}
 PROMPT = {"model": "tiny", "prompt": "A plum is"}
+KEY = "veri_srv_test"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(Engine(tiny_model, {}, "tiny")))
+    """A client of the server that bears its key, as the router does."""
+    engine = Engine(tiny_model, {}, "tiny")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(engine, KEY))
     serve_in_background(httpd)
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        yield client
     httpd.shutdown()
+
+
+def test_nothing_is_served_without_the_serving_key(server):
+    url = str(server.base_url).rstrip("/")
+    for headers in ({}, {"Authorization": "Bearer veri_srv_other"}, {"Authorization": KEY}):
+        chat = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers, timeout=60)
+        assert chat.status_code == 401, chat.text
+        assert chat.json()["error"]["message"] == "A serving key is required."
+        assert httpx.get(f"{url}/v1/models", headers=headers).status_code == 401
+    assert httpx.get(f"{url}/health").status_code == 200  # the machine's own probe
+    assert server.get("/v1/models").json()["data"][0]["id"] == "tiny"
 
 
 BAD_CHAT = [
@@ -72,28 +88,28 @@ def assert_openai_error(response: httpx.Response, status: int, param) -> dict:
 
 @pytest.mark.parametrize(("body", "param"), BAD_CHAT)
 def test_a_bad_chat_request_is_a_400_in_openais_shape(server, body, param):
-    response = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+    response = server.post("/v1/chat/completions", json=body, timeout=60)
     assert_openai_error(response, 400, param)
 
 
 @pytest.mark.parametrize(("body", "param"), BAD_COMPLETION)
 def test_a_bad_completion_request_is_a_400_in_openais_shape(server, body, param):
-    response = httpx.post(f"{server}/v1/completions", json=body, timeout=60)
+    response = server.post("/v1/completions", json=body, timeout=60)
     assert_openai_error(response, 400, param)
 
 
 def test_bodies_that_are_not_requests_and_unknown_models(server):
     for content in (b"{not json", b"[1, 2]", b"null", '"\u00e9"'.encode()):
-        response = httpx.post(f"{server}/v1/chat/completions", content=content, timeout=60)
+        response = server.post("/v1/chat/completions", content=content, timeout=60)
         assert_openai_error(response, 400, None)
-    unknown = httpx.post(f"{server}/v1/chat/completions", json=CHAT | {"model": "gpt-4"})
+    unknown = server.post("/v1/chat/completions", json=CHAT | {"model": "gpt-4"})
     assert assert_openai_error(unknown, 404, "model")["code"] == "model_not_found"
 
 
 def test_sampling_is_seeded_stops_cut_and_n_counts(server):
     def complete(**fields) -> dict:
         body = PROMPT | {"max_tokens": 12} | fields
-        response = httpx.post(f"{server}/v1/completions", json=body, timeout=60)
+        response = server.post("/v1/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text
         return response.json()
 
