@@ -18,7 +18,7 @@ LINES = ["the cat sat on the mat.", "a plum is a fruit.", "apples are red or gre
 
 
 @pytest.fixture
-def tinker_key(api_client) -> str:
+def tinker_key(api_client, billed) -> str:
     response = api_client.post("/v1/tinker/keys", {"name": "e2e"}, format="json")
     assert response.status_code == 201, response.json()
     return response.json()["key"]

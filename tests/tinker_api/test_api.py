@@ -41,7 +41,7 @@ def tinker_client(workspace) -> APIClient:
 
 
 @pytest.fixture
-def tk(workspace) -> APIClient:
+def tk(workspace, billed) -> APIClient:
     fill_volume(workspace, "models", {"tiny/config.json": b"{}", "tiny/model.bin": b"x"})
     return tinker_client(workspace)
 

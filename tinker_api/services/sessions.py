@@ -276,6 +276,7 @@ def end_model(*, model: TinkerModel, status: str, code: str, message: str) -> No
             return
         model.refresh_from_db()
         charge_uptime(model=model, until=now)
+        model.refresh_from_db(fields=["charged_micros", "charged_until"])
         credit_lost_uptime(model=model)
         customer = (
             code in errors.CATALOG and errors.get(code).attribution == errors.Attribution.CUSTOMER
@@ -363,8 +364,10 @@ def session_spent_micros(session: TinkerSession) -> int:
 def charge_uptime(*, model: TinkerModel, until) -> int:
     """Charge the model's uptime since its last charge (or its launch) up to `until`, per
     second, never past its session's cap; what was charged. The window is claimed with a
-    conditional UPDATE in the charge's transaction, so two runs never charge it twice. Reaching
-    the cap saves and ends the session's models (`budget_exhausted`)."""
+    conditional UPDATE in the charge's transaction, so two runs never charge it twice; nothing
+    past its end. Reaching the cap saves and ends the session's models (`budget_exhausted`)."""
+    if model.ended_at is not None:
+        until = min(until, model.ended_at)
     start = model.charged_until or model.launched_at
     if start is None or until <= start:
         return 0
