@@ -16,7 +16,7 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -46,6 +46,7 @@ TOKEN_PREFIX = "veri_tt_"
 LAUNCHING = "launching"  # external_id while a task launches the machine
 MACHINE_TAG = "tinker-"
 BUDGET_KEY = "veri_max_cost_usd"  # in the client's `user_metadata` on create_session
+MAX_BUDGET_MICROS = 10**12  # a million dollars: far below the column's limit
 
 
 def token_hash(token: str) -> str:
@@ -73,9 +74,11 @@ def session_budget(user_metadata: dict) -> int:
         budget = micros_from_usd(raw)
     except (ArithmeticError, ValueError):
         budget = 0
-    if budget <= 0:
+    if not 0 < budget <= MAX_BUDGET_MICROS:
         raise VeriError(
-            f"{BUDGET_KEY} is a positive number of dollars (got {raw!r}).", field="user_metadata"
+            f"{BUDGET_KEY} is a positive number of dollars, at most {usd(MAX_BUDGET_MICROS)} "
+            f"(got {raw!r}).",
+            field="user_metadata",
         )
     return budget
 
@@ -120,15 +123,8 @@ def save_and_end(*, model: TinkerModel, code: str, message: str) -> None:
             return
         if model.status != ModelStatus.READY:
             return  # saving already, or over
-        last = model.operations.order_by("-seq_id").values_list("seq_id", flat=True).first()
-        seq_id = (last or 0) + 1
-        name = f"{code}-{seq_id}"
-        operation = TinkerOperation.objects.create(
-            model=model,
-            seq_id=seq_id,
-            kind=OpKind.SAVE_WEIGHTS,
-            payload={"name": name, "then_end": True},
-        )
+        operation = _save_after_the_clients(model, code)
+        name = operation.payload["name"]
         TinkerCheckpoint.objects.create(
             model=model, workspace=model.workspace, operation=operation, name=name
         )
@@ -138,6 +134,24 @@ def save_and_end(*, model: TinkerModel, code: str, message: str) -> None:
             error_message=f"{message} Its state is being saved as "
             f"tinker://{model.model_id}/weights/{name}.",
         )
+
+
+def _save_after_the_clients(model: TinkerModel, code: str) -> TinkerOperation:
+    """A save numbered after the client's last request; a request the client sends with that
+    number at the same moment wins it, and the save takes the next."""
+    while True:
+        last = model.operations.order_by("-seq_id").values_list("seq_id", flat=True).first()
+        seq_id = (last or 0) + 1
+        try:
+            with transaction.atomic():
+                return TinkerOperation.objects.create(
+                    model=model,
+                    seq_id=seq_id,
+                    kind=OpKind.SAVE_WEIGHTS,
+                    payload={"name": f"{code}-{seq_id}", "then_end": True},
+                )
+        except IntegrityError:
+            continue
 
 
 def finish_saving(*, model: TinkerModel, saved: bool) -> None:
