@@ -26,6 +26,7 @@ from tinker_api.services import sessions
 
 pytestmark = pytest.mark.django_db
 HOUR = 100_000  # the local provider's default price per hour, in micro-dollars
+SLACK = 1_000  # 36 s of it: the test's own run time, under load
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +55,7 @@ def entries(workspace, kind) -> list[int]:
     return list(ledger.values_list("amount_micros", flat=True))
 
 
-def test_uptime_is_charged_to_the_second_once_per_window_and_not_after_the_end(tk):
+def test_uptime_is_charged_to_the_second_once_per_window_and_not_after_the_end(tk, api_client):
     model = launched(new_model(tk), timedelta(hours=1))
     assert model.price_per_hour_micros == HOUR
     until = model.launched_at + timedelta(seconds=90)
@@ -65,16 +66,18 @@ def test_uptime_is_charged_to_the_second_once_per_window_and_not_after_the_end(t
     model.refresh_from_db()
     assert sessions.charge_uptime(model=model, until=until) == 0
     assert entries(model.workspace, "tinker_charge") == [-2500]
+    spend = api_client.get("/v1/billing").json()["spend_usd"]
+    assert spend["tinker"] == "0.0025"
 
     tasks.sweep_models()  # the rest of the hour, due since VERI_TINKER_CHARGE_SECONDS
     model.refresh_from_db()
     charged = -sum(entries(model.workspace, "tinker_charge"))
-    assert HOUR <= charged < HOUR + 10 and model.charged_micros == charged
+    assert HOUR <= charged < HOUR + SLACK and model.charged_micros == charged
     sessions.end_model(model=model, status=ModelStatus.ENDED, code="session_ended", message="")
     model.refresh_from_db()
     assert sessions.charge_uptime(model=model, until=timezone.now() + timedelta(hours=1)) == 0
     tasks.sweep_models()
-    assert -sum(entries(model.workspace, "tinker_charge")) == model.charged_micros < HOUR + 10
+    assert -sum(entries(model.workspace, "tinker_charge")) == model.charged_micros < HOUR + SLACK
 
 
 def test_a_model_needs_a_positive_balance(tk, workspace):
@@ -160,8 +163,8 @@ def test_a_lost_worker_ends_the_model_and_credits_its_uptime_since_the_last_save
     model.refresh_from_db()
     [charge] = entries(model.workspace, "tinker_charge")
     [credit] = entries(model.workspace, "refund_credit")
-    assert HOUR <= -charge < HOUR + 10
-    assert HOUR // 2 <= credit < HOUR // 2 + 10
+    assert HOUR <= -charge < HOUR + SLACK
+    assert HOUR // 2 <= credit < HOUR // 2 + SLACK
     sessions.credit_lost_uptime(model=model)  # again: credited once
     assert entries(model.workspace, "refund_credit") == [credit]
 
