@@ -135,7 +135,7 @@ def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     assert (lost.status, lost.error_code) == (ModelStatus.FAILED, "worker_lost")
     assert TinkerModel.objects.get(model_id=first.model_id).status == ModelStatus.READY
     # It never saved: its whole uptime, charged, is credited back (the catalog credits it).
-    credit = LedgerEntry.objects.get(idempotency_key=f"tinker_lost:{lost.pk}")
+    credit = LedgerEntry.objects.get(idempotency_key=f"tinker_lost:{lost.model_id}")
     assert (credit.kind, credit.amount_micros) == ("refund_credit", lost.charged_micros)
     assert lost.charged_micros > 0
 

@@ -401,7 +401,7 @@ def charge_uptime(*, model: TinkerModel, until) -> int:
             billing.charge_tinker_uptime(
                 workspace=model.workspace,
                 amount_micros=amount,
-                key=f"tinker_charge:{model.pk}:{start.isoformat()}",
+                key=f"tinker_charge:{model.model_id}:{start.isoformat()}",
                 description=f"Tinker model {model.model_id}: {seconds} s on {model.gpu_type}",
             )
         if amount == left:
@@ -437,7 +437,7 @@ def credit_lost_uptime(*, model: TinkerModel) -> int:
         billing.credit_lost_uptime(
             workspace=model.workspace,
             amount_micros=amount,
-            key=f"tinker_lost:{model.pk}",
+            key=f"tinker_lost:{model.model_id}",
             description=f"Tinker model {model.model_id}: {model.error_code}, uptime since "
             f"{'its last save' if saved else 'its launch'}",
         )
