@@ -38,7 +38,7 @@ def test_a_tinker_key_is_shown_once_and_works_until_revoked(browser, billed):
 
 
 def test_sessions_show_each_models_operations_tokens_cost_and_checkpoints(
-    browser, billed, tiny_model, tmp_path
+    browser, billed, tiny_model, tmp_path, store_kind
 ):
     session = new_session(billed)
     model = new_model(session, str(tiny_model))
