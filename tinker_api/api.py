@@ -376,7 +376,8 @@ def _checkpoint_out(checkpoint) -> dict:
 
 
 def _run_out(model) -> dict:
-    last = selectors.list_checkpoints(workspace=model.workspace).filter(model=model).first()
+    saved = [c for c in model.checkpoints.all() if c.files is not None]
+    last = max(saved, key=lambda c: (c.created_at, c.pk), default=None)
     return {
         "training_run_id": model.model_id,
         "base_model": model.base_model,
@@ -404,7 +405,11 @@ def _page(rows, page: dict) -> tuple[list, dict]:
 
 class TrainingRunsView(TinkerView):
     def get(self, request: Request) -> Response:
-        rows = selectors.list_models(workspace=self.workspace).select_related("workspace")
+        rows = (
+            selectors.list_models(workspace=self.workspace)
+            .select_related("workspace")
+            .prefetch_related("checkpoints__model")
+        )
         runs, cursor = _page(rows, self.validated(PageIn, request.query_params))
         return Response({"training_runs": [_run_out(m) for m in runs], "cursor": cursor})
 
