@@ -121,6 +121,7 @@ class TinkerOperation(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     error_category = models.CharField(max_length=16, blank=True)  # user | server
+    tokens = models.PositiveIntegerField(default=0)  # a forward(_backward)'s input tokens
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -22,7 +22,7 @@ def delete_schedules(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tinker_api', '0002_checkpoints'),
+        ('tinker_api', '0003_operation_tokens'),
         ('django_q', '0018_task_success_index'),
     ]
 
