@@ -21,8 +21,10 @@ from veri.errors import VeriError
 PROTOBUF = "application/x-protobuf"
 # What the client reads from /client/config: no JWT exchange (Veri takes the key itself),
 # uncompressed protobuf bodies of forward_backward chunks that fit under Veri's body limit, and
-# plain httpx (no pyqwest transport); the rest as the SDK's defaults.
+# plain httpx (no pyqwest transport), a 402 (no funds, a spent budget) raised as BillingError
+# at its second answer rather than the loop paused for an hour; the rest as the SDK's defaults.
 CLIENT_CONFIG = {
+    "billing_exception_max_pause_duration_sec": 0,
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
     "parallel_fwdbwd_chunks": True,
