@@ -63,3 +63,21 @@ def test_eval_says_what_is_wrong_with_the_grader(cli, capsys, files):
     assert code == 1 and "grader.operation must be one of" in err
     code, _, err = evaluate(cli, capsys, files, "broken.json", "--no-wait")
     assert code == 2 and "cannot read the grader" in err
+
+
+def test_a_model_name_with_colons_is_printed_as_typed(cli, capsys, files):
+    model = "ft:not:deployed:x:1"
+    code, _, err = cli(
+        "eval",
+        "--model",
+        model,
+        "--baseline",
+        OTHER,
+        "--file",
+        str(files / "held_out.jsonl"),
+        "--grader",
+        str(files / "grader.json"),
+        "--no-wait",
+        capsys=capsys,
+    )
+    assert code == 1 and repr(model) in err and "❌" not in err
