@@ -12,7 +12,10 @@ scores each answer, and the summary says which is better and how sure that is.
   through a python grader that calls them as TRL does).
 - Scores: the grader runs in `worker.graders.run_isolated`'s sandboxed child, never in this
   process. A score the grader could not give (its code raised, a template named a field the row
-  lacks) is 0 with the grader's message, as OpenAI's graders do.
+  lacks) is saved as 0 with the grader's message, as OpenAI's graders do, but is not counted:
+  the means leave it out, the win rate leaves its sample out, and the summary says how many
+  answers could not be scored and the first error. When no sample has both answers scored the
+  evaluation fails (`grader_failed`).
 - Summary: each model's mean with a 95% confidence interval by the normal approximation
   (mean ± 1.96 · s/√n, s the sample standard deviation), and the model's win rate over the
   baseline, a tie counting half.
@@ -58,6 +61,8 @@ ERRORS = {
     "model_start_timeout": "The deployment did not become ready in time; retry later.",
     "inference_error": "The model refused a row (the message says why): fix the row or "
     "lower max_tokens, then rerun the evaluation.",
+    "grader_failed": "Fix the grader (the message gives its first error; every sample's is in "
+    "GET /v1/evaluations/ID), then rerun the evaluation.",
 }
 
 
@@ -233,8 +238,11 @@ def _finish(evaluation: Evaluation, *, error: EvaluationFailed | None = None) ->
         if locked.status != S.RUNNING:
             return  # a twin task finished it
         if error is None:
-            locked.status, locked.summary = S.SUCCEEDED, summarize(locked)
-        else:
+            try:
+                locked.status, locked.summary = S.SUCCEEDED, summarize(locked)
+            except EvaluationFailed as exc:  # nothing could be scored
+                error = exc
+        if error is not None:
             locked.status = S.FAILED
             locked.error_code, locked.error_message = error.code, error.message
         locked.finished_at = timezone.now()
@@ -389,13 +397,37 @@ def mean_interval(scores: list[float]) -> dict:
 
 
 def summarize(evaluation: Evaluation) -> dict:
-    pairs = list(evaluation.samples.order_by("index").values_list("model_score", "baseline_score"))
+    """The means over the answers the grader scored, the win rate over the samples with both
+    answers scored; EvaluationFailed (`grader_failed`) when there is no such sample."""
+    rows = evaluation.samples.order_by("index").values_list(
+        "model_score", "baseline_score", "model_grader_error", "baseline_grader_error"
+    )
+    rows = list(rows)
+    errors = [
+        error
+        for *_, model_error, baseline_error in rows
+        for error in (model_error, baseline_error)
+        if error
+    ]
+    pairs = [
+        (m, b)
+        for m, b, model_error, baseline_error in rows
+        if not model_error and not baseline_error
+    ]
+    if not pairs:
+        raise EvaluationFailed(
+            "grader_failed",
+            f"The grader could not score {len(errors)} of {2 * len(rows)} answers, so no sample "
+            f"compares the models; its first error: {errors[0][:500] if errors else 'none'}",
+        )
     wins = sum(m > b for m, b in pairs)
     ties = sum(m == b for m, b in pairs)
     return {
         "samples": len(pairs),
-        "model": mean_interval([m for m, _ in pairs]),
-        "baseline": mean_interval([b for _, b in pairs]),
+        "unscored_answers": len(errors),
+        "first_grader_error": errors[0][:500] if errors else "",
+        "model": mean_interval([m for m, _, error, _ in rows if not error]),
+        "baseline": mean_interval([b for _, b, _, error in rows if not error]),
         "wins": wins,
         "ties": ties,
         "losses": len(pairs) - wins - ties,

@@ -36,6 +36,12 @@ def print_summary(evaluation: dict, *, base_url: str) -> None:
         highlight=False,
         markup=False,
     )
+    if summary.get("unscored_answers"):
+        out.print(
+            f"{summary['unscored_answers']} answer(s) could not be scored and are left out; the "
+            f"grader's first error: {summary['first_grader_error']}",
+            highlight=False,
+        )
     out.print(
         f"Per-sample table: {base_url}/evaluations/{evaluation['id']}/ "
         f"(or GET /v1/evaluations/{evaluation['id']})",
