@@ -4,6 +4,7 @@ both models' answers (`/v1/evaluations`). Evaluations are the API's own objects 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from veri_sdk.errors import VeriAPIError
@@ -66,12 +67,22 @@ class Evaluations:
     def list(self) -> list[dict]:
         return list(self.api.paginate("/evaluations"))
 
-    def wait(self, evaluation_id: str, *, timeout: float = 3600, poll: float = 2.0) -> dict:
+    def wait(
+        self,
+        evaluation_id: str,
+        *,
+        timeout: float = 3600,
+        poll: float = 2.0,
+        on_progress: Callable[[dict], None] | None = None,
+    ) -> dict:
         """The evaluation once `succeeded` or `failed` (its `error` says why); VeriAPIError
-        `wait_timeout` when neither came within `timeout` seconds."""
+        `wait_timeout` when neither came within `timeout` seconds. `on_progress` is called with
+        the evaluation at each poll (its `samples_answered`, `samples_scored`) until then."""
         deadline = time.monotonic() + timeout
         while True:
             evaluation = self.get(evaluation_id, limit=1)
+            if on_progress is not None and evaluation["status"] not in FINISHED:
+                on_progress(evaluation)
             if evaluation["status"] in FINISHED:
                 return evaluation
             if time.monotonic() >= deadline:
