@@ -17,7 +17,8 @@ scores each answer, and the summary says which is better and how sure that is.
   answers could not be scored and the first error. When no sample has both answers scored the
   evaluation fails (`grader_failed`).
 - Summary: each model's mean with a 95% confidence interval by the normal approximation
-  (mean ± 1.96 · s/√n, s the sample standard deviation), and the model's win rate over the
+  (mean ± 1.96 · s/√n, s the sample standard deviation) clamped to the scores there can be (the
+  grader's `range`, else the lowest and highest score given), and the model's win rate over the
   baseline, a tie counting half.
 """
 
@@ -144,7 +145,12 @@ def _rows(dataset: Dataset) -> list[tuple[list | str, dict]]:
 def _grader(grader, reward_source: str | None) -> dict:
     """The checked grader: the one given, or one scoring with the reward functions of
     `reward_source` (exactly one of them)."""
-    if (grader is None) == (reward_source is None):
+    if grader is None and reward_source is None:
+        raise VeriError(
+            "Give a grader (an OpenAI-style grader object) or a reward_source (one of them).",
+            field="grader",
+        )
+    if grader is not None and reward_source is not None:
         raise VeriError(
             "Give a grader (an OpenAI-style grader object) or a reward_source, not both.",
             field="grader",
@@ -384,16 +390,36 @@ def resume_stalled(*, now: datetime) -> int:
 # --- the summary
 
 
-def mean_interval(scores: list[float]) -> dict:
-    """The mean and its 95% confidence interval by the normal approximation; with one score,
-    the interval is the mean itself."""
+def score_bounds(grader: dict, scores: list[float]) -> tuple[float, float]:
+    """The lowest and highest score there can be: the grader's own `range` where it gives one
+    (a score_model grader does), else the lowest and highest score given."""
+    given = grader.get("range")
+    if (
+        isinstance(given, list)
+        and len(given) == 2
+        and all(isinstance(v, int | float) and math.isfinite(v) for v in given)
+        and given[0] <= given[1]
+    ):
+        return float(given[0]), float(given[1])
+    return min(scores), max(scores)
+
+
+def mean_interval(scores: list[float], bounds: tuple[float, float] | None = None) -> dict:
+    """The mean and its 95% confidence interval by the normal approximation, kept within
+    `bounds` (no mean can lie outside the scores there can be); with one score, the interval
+    is the mean itself."""
     n = len(scores)
     mean = math.fsum(scores) / n
     if n < 2:
         return {"mean": mean, "ci_low": mean, "ci_high": mean}
     deviation = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (n - 1))
     half = Z_95 * deviation / math.sqrt(n)
-    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+    low, high = bounds or (-math.inf, math.inf)
+    return {"mean": mean, "ci_low": max(mean - half, low), "ci_high": min(mean + half, high)}
+
+
+def _mean_of(evaluation: Evaluation, scores: list[float]) -> dict:
+    return mean_interval(scores, score_bounds(evaluation.grader, scores))
 
 
 def summarize(evaluation: Evaluation) -> dict:
@@ -426,8 +452,8 @@ def summarize(evaluation: Evaluation) -> dict:
         "samples": len(pairs),
         "unscored_answers": len(errors),
         "first_grader_error": errors[0][:500] if errors else "",
-        "model": mean_interval([m for m, _, error, _ in rows if not error]),
-        "baseline": mean_interval([b for _, b, _, error in rows if not error]),
+        "model": _mean_of(evaluation, [m for m, _, error, _ in rows if not error]),
+        "baseline": _mean_of(evaluation, [b for _, b, _, error in rows if not error]),
         "wins": wins,
         "ties": ties,
         "losses": len(pairs) - wins - ties,

@@ -14,6 +14,7 @@ from serving.services import evaluations
 from serving.services.deployments import Shape, create_deployment
 from tests.openai_api.conftest import jsonl
 from tests.serving.test_evaluations import BASE, CHAT, EXACT, OTHER
+from training.models import Dataset
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,6 +67,13 @@ def test_eval_uploads_the_file_and_queues_the_comparison(cli, capsys, files):
 def test_eval_says_what_is_wrong_with_the_grader(cli, capsys, files):
     code, _, err = evaluate(cli, capsys, files, "bad.json", "--no-wait")
     assert code == 1 and "grader.operation must be one of" in err
+    # The file it uploaded for the refused evaluation is deleted again; one the workspace
+    # already had is kept.
+    assert not Dataset.objects.filter(workspace=cli.workspace).exists()
+    code, _, _ = cli("datasets", "upload", str(files / "held_out.jsonl"), capsys=capsys)
+    assert code == 0
+    code, _, err = evaluate(cli, capsys, files, "bad.json", "--no-wait")
+    assert code == 1 and Dataset.objects.filter(workspace=cli.workspace).count() == 1
     code, _, err = evaluate(cli, capsys, files, "broken.json", "--no-wait")
     assert code == 2 and "cannot read the grader" in err
 

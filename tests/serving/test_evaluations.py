@@ -202,3 +202,16 @@ def test_answers_the_grader_could_not_score_are_left_out(api_client, served):
     assert summary["model"]["mean"] == 1.0 and summary["baseline"]["mean"] == 0.0
     assert summary["win_rate"] == 1.0
     assert api_client.get(f"/v1/evaluations/{created['id']}").json()["samples_scored"] == 2
+
+
+def test_the_interval_stays_within_the_scores_there_can_be(api_client, served):
+    fig = {"messages": [{"role": "user", "content": "Name a fig."}], "reference": "fig"}
+    created = create(api_client, served, [CHAT, CHAT, CHAT, fig]).json()
+    summary = answered(created["id"], "plum", "pear").summary
+    model = summary["model"]  # scores 1, 1, 1, 0: mean ± 0.49 would reach 1.24
+    assert model["mean"] == 0.75 and model["ci_high"] == 1.0 and 0.0 < model["ci_low"] < 0.75
+    # A grader's own range bounds it where it gives one.
+    scores = [0.5, 0.5, 0.5, 1.0]
+    assert evaluations.score_bounds({"range": [0, 1]}, scores) == (0.0, 1.0)
+    assert evaluations.score_bounds(EXACT, scores) == (0.5, 1.0)
+    assert evaluations.mean_interval(scores, (0.5, 1.0))["ci_low"] == 0.5
