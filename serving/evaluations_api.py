@@ -19,6 +19,7 @@ class EvaluationOut(serializers.ModelSerializer):
     error = serializers.SerializerMethodField()
     summary = serializers.SerializerMethodField()
     samples_total = serializers.IntegerField(source="sample_count")
+    samples_answered = serializers.IntegerField(source="answered_count")
     samples_scored = serializers.IntegerField(source="scored_count")
 
     class Meta:
@@ -36,6 +37,7 @@ class EvaluationOut(serializers.ModelSerializer):
             "error",
             "summary",
             "samples_total",
+            "samples_answered",
             "samples_scored",
             "created_at",
             "started_at",

@@ -58,12 +58,22 @@ def uncharged_micros(*, replicas: Iterable[Replica], now: datetime) -> int:
 
 
 def list_evaluations(*, workspace: Workspace) -> QuerySet[Evaluation]:
-    """Newest first, each with `sample_count` and `scored_count` (samples both models' answers
-    to are scored)."""
-    scored = Q(samples__model_score__isnull=False, samples__baseline_score__isnull=False)
+    """Newest first, each with `sample_count`, `answered_count` (samples both models answered)
+    and `scored_count` (samples both answers to are scored: a grader error is no score)."""
+    answered = Q(samples__model_output__isnull=False, samples__baseline_output__isnull=False)
+    scored = Q(
+        samples__model_score__isnull=False,
+        samples__baseline_score__isnull=False,
+        samples__model_grader_error="",
+        samples__baseline_grader_error="",
+    )
     return (
         Evaluation.objects.filter(workspace=workspace)
-        .annotate(sample_count=Count("samples"), scored_count=Count("samples", filter=scored))
+        .annotate(
+            sample_count=Count("samples"),
+            answered_count=Count("samples", filter=answered),
+            scored_count=Count("samples", filter=scored),
+        )
         .order_by("-pk")
     )
 

@@ -3,7 +3,9 @@ both models' answers (`/v1/evaluations`). Evaluations are the API's own objects 
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from veri_sdk.errors import VeriAPIError
@@ -32,9 +34,12 @@ class Evaluations:
         name or a base model a deployment serves). `file`: a dataset id (`ds_…`), an OpenAI
         fine-tune file id (`file-…`), or a local JSONL path, uploaded first. Scored by `grader`
         (an OpenAI-style grader object: string_check, text_similarity, python, multi) or by the
-        GRPO reward functions of `reward_source`."""
+        GRPO reward functions of `reward_source`. A file uploaded here for an evaluation the API
+        refuses is deleted again (a file the workspace already had is kept)."""
+        uploaded = None
         if isinstance(file, Path) or Path(file).is_file():
-            file = self.datasets.upload(file).id
+            uploaded = self.datasets.upload(file)
+            file = uploaded.id
         body = {"model": model, "baseline": baseline, "file": file}
         if grader is not None:
             body["grader"] = grader
@@ -44,7 +49,15 @@ class Evaluations:
             body["max_tokens"] = max_tokens
         if temperature is not None:
             body["temperature"] = temperature
-        return self.api.request("POST", "/evaluations", json=body)
+        try:
+            return self.api.request("POST", "/evaluations", json=body)
+        except VeriAPIError as exc:
+            # Refused (a 4xx: nothing was created): the file uploaded for it alone goes too,
+            # not one the workspace already had.
+            if uploaded is not None and uploaded.created and 400 <= exc.status < 500:
+                with contextlib.suppress(VeriAPIError):
+                    self.datasets.delete(uploaded.id)
+            raise
 
     def get(
         self, evaluation_id: str, *, limit: int | None = None, cursor: str | None = None
@@ -66,12 +79,22 @@ class Evaluations:
     def list(self) -> list[dict]:
         return list(self.api.paginate("/evaluations"))
 
-    def wait(self, evaluation_id: str, *, timeout: float = 3600, poll: float = 2.0) -> dict:
+    def wait(
+        self,
+        evaluation_id: str,
+        *,
+        timeout: float = 3600,
+        poll: float = 2.0,
+        on_progress: Callable[[dict], None] | None = None,
+    ) -> dict:
         """The evaluation once `succeeded` or `failed` (its `error` says why); VeriAPIError
-        `wait_timeout` when neither came within `timeout` seconds."""
+        `wait_timeout` when neither came within `timeout` seconds. `on_progress` is called with
+        the evaluation at each poll (its `samples_answered`, `samples_scored`) until then."""
         deadline = time.monotonic() + timeout
         while True:
             evaluation = self.get(evaluation_id, limit=1)
+            if on_progress is not None and evaluation["status"] not in FINISHED:
+                on_progress(evaluation)
             if evaluation["status"] in FINISHED:
                 return evaluation
             if time.monotonic() >= deadline:

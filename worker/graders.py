@@ -558,8 +558,19 @@ def reward_grade(source: str, sample: dict, item: dict) -> float:
     columns = {key: [value] for key, value in item.items() if key != "prompt"}
     total = 0.0
     for function in _rewards_of(source):
-        [value] = function(prompts=[prompt], completions=[completion], **columns)
-        total += _number(value, getattr(function, "__name__", "reward"))
+        name = getattr(function, "__name__", "reward")
+        values = function(prompts=[prompt], completions=[completion], **columns)
+        if not isinstance(values, list | tuple) or len(values) != 1:
+            returned = (
+                f"{len(values)} values for 1 completion"
+                if isinstance(values, list | tuple)
+                else type(values).__name__
+            )
+            raise TypeError(
+                f"the reward function {name} must return a list of numbers, one per "
+                f"completion; it returned {returned}"
+            )
+        total += _number(values[0], name)
     return total
 
 

@@ -12,9 +12,13 @@ scores each answer, and the summary says which is better and how sure that is.
   through a python grader that calls them as TRL does).
 - Scores: the grader runs in `worker.graders.run_isolated`'s sandboxed child, never in this
   process. A score the grader could not give (its code raised, a template named a field the row
-  lacks) is 0 with the grader's message, as OpenAI's graders do.
+  lacks) is saved as 0 with the grader's message, as OpenAI's graders do, but is not counted:
+  the means leave it out, the win rate leaves its sample out, and the summary says how many
+  answers could not be scored and the first error. When no sample has both answers scored the
+  evaluation fails (`grader_failed`).
 - Summary: each model's mean with a 95% confidence interval by the normal approximation
-  (mean ± 1.96 · s/√n, s the sample standard deviation), and the model's win rate over the
+  (mean ± 1.96 · s/√n, s the sample standard deviation) clamped to the scores there can be (the
+  grader's `range`, else the lowest and highest score given), and the model's win rate over the
   baseline, a tie counting half.
 """
 
@@ -58,6 +62,8 @@ ERRORS = {
     "model_start_timeout": "The deployment did not become ready in time; retry later.",
     "inference_error": "The model refused a row (the message says why): fix the row or "
     "lower max_tokens, then rerun the evaluation.",
+    "grader_failed": "Fix the grader (the message gives its first error; every sample's is in "
+    "GET /v1/evaluations/ID), then rerun the evaluation.",
 }
 
 
@@ -139,7 +145,12 @@ def _rows(dataset: Dataset) -> list[tuple[list | str, dict]]:
 def _grader(grader, reward_source: str | None) -> dict:
     """The checked grader: the one given, or one scoring with the reward functions of
     `reward_source` (exactly one of them)."""
-    if (grader is None) == (reward_source is None):
+    if grader is None and reward_source is None:
+        raise VeriError(
+            "Give a grader (an OpenAI-style grader object) or a reward_source (one of them).",
+            field="grader",
+        )
+    if grader is not None and reward_source is not None:
         raise VeriError(
             "Give a grader (an OpenAI-style grader object) or a reward_source, not both.",
             field="grader",
@@ -233,8 +244,11 @@ def _finish(evaluation: Evaluation, *, error: EvaluationFailed | None = None) ->
         if locked.status != S.RUNNING:
             return  # a twin task finished it
         if error is None:
-            locked.status, locked.summary = S.SUCCEEDED, summarize(locked)
-        else:
+            try:
+                locked.status, locked.summary = S.SUCCEEDED, summarize(locked)
+            except EvaluationFailed as exc:  # nothing could be scored
+                error = exc
+        if error is not None:
             locked.status = S.FAILED
             locked.error_code, locked.error_message = error.code, error.message
         locked.finished_at = timezone.now()
@@ -376,26 +390,70 @@ def resume_stalled(*, now: datetime) -> int:
 # --- the summary
 
 
-def mean_interval(scores: list[float]) -> dict:
-    """The mean and its 95% confidence interval by the normal approximation; with one score,
-    the interval is the mean itself."""
+def score_bounds(grader: dict, scores: list[float]) -> tuple[float, float]:
+    """The lowest and highest score there can be: the grader's own `range` where it gives one
+    (a score_model grader does), else the lowest and highest score given."""
+    given = grader.get("range")
+    if (
+        isinstance(given, list)
+        and len(given) == 2
+        and all(isinstance(v, int | float) and math.isfinite(v) for v in given)
+        and given[0] <= given[1]
+    ):
+        return float(given[0]), float(given[1])
+    return min(scores), max(scores)
+
+
+def mean_interval(scores: list[float], bounds: tuple[float, float] | None = None) -> dict:
+    """The mean and its 95% confidence interval by the normal approximation, kept within
+    `bounds` (no mean can lie outside the scores there can be); with one score, the interval
+    is the mean itself."""
     n = len(scores)
     mean = math.fsum(scores) / n
     if n < 2:
         return {"mean": mean, "ci_low": mean, "ci_high": mean}
     deviation = math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (n - 1))
     half = Z_95 * deviation / math.sqrt(n)
-    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half}
+    low, high = bounds or (-math.inf, math.inf)
+    return {"mean": mean, "ci_low": max(mean - half, low), "ci_high": min(mean + half, high)}
+
+
+def _mean_of(evaluation: Evaluation, scores: list[float]) -> dict:
+    return mean_interval(scores, score_bounds(evaluation.grader, scores))
 
 
 def summarize(evaluation: Evaluation) -> dict:
-    pairs = list(evaluation.samples.order_by("index").values_list("model_score", "baseline_score"))
+    """The means over the answers the grader scored, the win rate over the samples with both
+    answers scored; EvaluationFailed (`grader_failed`) when there is no such sample."""
+    rows = evaluation.samples.order_by("index").values_list(
+        "model_score", "baseline_score", "model_grader_error", "baseline_grader_error"
+    )
+    rows = list(rows)
+    errors = [
+        error
+        for *_, model_error, baseline_error in rows
+        for error in (model_error, baseline_error)
+        if error
+    ]
+    pairs = [
+        (m, b)
+        for m, b, model_error, baseline_error in rows
+        if not model_error and not baseline_error
+    ]
+    if not pairs:
+        raise EvaluationFailed(
+            "grader_failed",
+            f"The grader could not score {len(errors)} of {2 * len(rows)} answers, so no sample "
+            f"compares the models; its first error: {errors[0][:500] if errors else 'none'}",
+        )
     wins = sum(m > b for m, b in pairs)
     ties = sum(m == b for m, b in pairs)
     return {
         "samples": len(pairs),
-        "model": mean_interval([m for m, _ in pairs]),
-        "baseline": mean_interval([b for _, b in pairs]),
+        "unscored_answers": len(errors),
+        "first_grader_error": errors[0][:500] if errors else "",
+        "model": _mean_of(evaluation, [m for m, _, error, _ in rows if not error]),
+        "baseline": _mean_of(evaluation, [b for _, b, _, error in rows if not error]),
         "wins": wins,
         "ties": ties,
         "losses": len(pairs) - wins - ties,

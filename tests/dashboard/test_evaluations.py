@@ -46,6 +46,12 @@ def test_the_form_starts_an_evaluation_and_names_a_bad_field(browser, api_client
     assert refused.status_code == 200 and not Evaluation.objects.exists()
     assert "grader.operation must be one of" in html.unescape(refused.content.decode())
 
+    neither = browser.post("/evaluations/", {**form, "grader": ""})
+    assert neither.status_code == 200 and not Evaluation.objects.exists()
+    assert "Give a grader (an OpenAI-style grader object) or a reward_source (one of them)." in (
+        html.unescape(neither.content.decode())
+    )
+
     started = browser.post("/evaluations/", {**form, "grader": json.dumps(EXACT)})
     evaluation = Evaluation.objects.get()
     assert started["Location"] == f"/evaluations/{evaluation.public_id}/"

@@ -301,3 +301,19 @@ def test_transfer_bars_give_their_rate_in_binary_units_as_sizes_are():
     progress.advance(task, 2**20)
     shown = " ".join(str(column.render(progress.tasks[task])) for column in progress.columns[2:4])
     assert re.fullmatch(r"2\.0/8\.0 MiB \d+\.\d (KiB|MiB|GiB)/s", shown), shown
+
+
+def test_names_print_exactly_with_no_emoji_or_markup(
+    cli, capsys, tmp_path, settings, local_store_url
+):
+    """A name with `:rocket:` or `[bold]…[/]` in it is data: printed as typed, never as 🚀 or
+    styling (and an unbalanced `[/]` does not break the command)."""
+    settings.VERI_STORE = local_store_url
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "hi", "completion": "there"}\n')
+    name = "acme:rocket:[bold]x[/] [/]"
+    code, out, err = cli(
+        "datasets", "upload", str(tmp_path / "rows.jsonl"), "--name", name, capsys=capsys
+    )
+    assert code == 0 and name in out, err
+    code, out, err = cli("datasets", "list", capsys=capsys)
+    assert code == 0 and name in out and "🚀" not in out, err

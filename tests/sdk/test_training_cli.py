@@ -483,3 +483,16 @@ def test_datasets_dedup_preview_and_delete_from_the_sdk_and_cli(cli, capsys, acc
     assert code == 0 and first.id in out
     with pytest.raises(NotFoundError):
         client.datasets.get(first.id)
+
+
+def test_jobs_get_names_a_finished_jobs_checkpoint_and_how_to_deploy_it(
+    cli, capsys, account, tmp_path
+):
+    job_id = submit(Client(), tmp_path)
+    code, out, _ = cli("jobs", "get", job_id, capsys=capsys)
+    assert code == 0 and "checkpoint" not in out  # queued: nothing to deploy yet
+    run_worker(job_id, lines=1, final_files={"adapter_config.json": b'{"r": 8}'})
+    [final] = [c for c in Client().training_jobs.checkpoints(job_id) if c["final"]]
+    code, out, _ = cli("jobs", "get", job_id, capsys=capsys)
+    assert code == 0
+    assert f"checkpoint  {final['id']} (final; serve it: veri deploy {job_id})" in out

@@ -162,3 +162,56 @@ def test_an_evaluation_that_lost_its_task_is_queued_again_once(api_client, serve
     assert evaluations.resume_stalled(now=later) == 0  # claimed: queued once
     Evaluation.objects.filter(pk=evaluation.pk).update(status="succeeded")
     assert evaluations.resume_stalled(now=later + timedelta(hours=1)) == 0
+
+
+def answered(evaluation_id: str, model_output: str, baseline_output: str) -> Evaluation:
+    """The evaluation with every sample answered (no replica runs here): only scoring is left,
+    which run_evaluation does in the grader's sandboxed child as it would after answering."""
+    evaluation = Evaluation.objects.get(public_id=evaluation_id)
+    evaluation.samples.update(model_output=model_output, baseline_output=baseline_output)
+    evaluations.run_evaluation(evaluation_id=evaluation.pk)
+    evaluation.refresh_from_db()
+    return evaluation
+
+
+def test_an_evaluation_the_grader_could_score_nothing_of_fails(api_client, served):
+    source = "def reward(prompts, completions, **kwargs):\n    return 1\n"
+    body = {k: v for k, v in served.items() if k != "grader"} | {"reward_source": source}
+    created = create(api_client, body, [CHAT, CHAT]).json()
+    evaluation = answered(created["id"], "plum", "pear")
+    assert (evaluation.status, evaluation.error_code) == ("failed", "grader_failed")
+    assert "could not score 4 of 4 answers" in evaluation.error_message
+    assert (
+        "the reward function reward must return a list of numbers, one per completion; "
+        "it returned int" in evaluation.error_message
+    )
+    shown = api_client.get(f"/v1/evaluations/{created['id']}").json()
+    assert shown["summary"] is None and shown["samples_scored"] == 0
+    assert shown["samples_answered"] == 2 and "Fix the grader" in shown["error"]["hint"]
+
+
+def test_answers_the_grader_could_not_score_are_left_out(api_client, served):
+    # The second row has no reference: the grader cannot score either answer to it.
+    rows = [CHAT, CHAT, {"messages": [{"role": "user", "content": "Hi."}]}]
+    created = create(api_client, served, rows).json()
+    evaluation = answered(created["id"], "plum", "pear")
+    assert evaluation.status == "succeeded"
+    summary = evaluation.summary
+    assert (summary["samples"], summary["unscored_answers"]) == (2, 2)
+    assert "reference" in summary["first_grader_error"]
+    assert summary["model"]["mean"] == 1.0 and summary["baseline"]["mean"] == 0.0
+    assert summary["win_rate"] == 1.0
+    assert api_client.get(f"/v1/evaluations/{created['id']}").json()["samples_scored"] == 2
+
+
+def test_the_interval_stays_within_the_scores_there_can_be(api_client, served):
+    fig = {"messages": [{"role": "user", "content": "Name a fig."}], "reference": "fig"}
+    created = create(api_client, served, [CHAT, CHAT, CHAT, fig]).json()
+    summary = answered(created["id"], "plum", "pear").summary
+    model = summary["model"]  # scores 1, 1, 1, 0: mean ± 0.49 would reach 1.24
+    assert model["mean"] == 0.75 and model["ci_high"] == 1.0 and 0.0 < model["ci_low"] < 0.75
+    # A grader's own range bounds it where it gives one.
+    scores = [0.5, 0.5, 0.5, 1.0]
+    assert evaluations.score_bounds({"range": [0, 1]}, scores) == (0.0, 1.0)
+    assert evaluations.score_bounds(EXACT, scores) == (0.5, 1.0)
+    assert evaluations.mean_interval(scores, (0.5, 1.0))["ci_low"] == 0.5

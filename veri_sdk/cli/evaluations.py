@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from veri_sdk.cli.output import out, print_json, print_table, table
+from veri_sdk.cli.output import err, out, print_json, print_table, table
 from veri_sdk.cli.train import BadConfig
 
 
@@ -36,12 +36,37 @@ def print_summary(evaluation: dict, *, base_url: str) -> None:
         highlight=False,
         markup=False,
     )
+    if summary.get("unscored_answers"):
+        out.print(
+            f"{summary['unscored_answers']} answer(s) could not be scored and are left out; the "
+            f"grader's first error: {summary['first_grader_error']}",
+            highlight=False,
+        )
     out.print(
         f"Per-sample table: {base_url}/evaluations/{evaluation['id']}/ "
         f"(or GET /v1/evaluations/{evaluation['id']})",
         highlight=False,
         markup=False,
     )
+
+
+def _progress_printer():
+    """Prints where the evaluation stands on stderr, each time that changes (stdout stays the
+    summary's)."""
+    shown = None
+
+    def show(evaluation: dict) -> None:
+        nonlocal shown
+        total, scored = evaluation["samples_total"], evaluation["samples_scored"]
+        line = (
+            f"{evaluation['id']} {evaluation['status']}: answered "
+            f"{evaluation['samples_answered']}/{total}, scored {scored}/{total}"
+        )
+        if line != shown:
+            err.print(line, highlight=False)
+            shown = line
+
+    return show
 
 
 def cmd_eval(args, client) -> int:
@@ -53,7 +78,10 @@ def cmd_eval(args, client) -> int:
         max_tokens=args.max_tokens,
     )
     if not args.no_wait:
-        evaluation = client.evaluations.wait(evaluation["id"], timeout=args.timeout)
+        progress = None if args.json else _progress_printer()
+        evaluation = client.evaluations.wait(
+            evaluation["id"], timeout=args.timeout, on_progress=progress
+        )
     evaluation.pop("samples", None)
     if args.json:
         print_json(evaluation)

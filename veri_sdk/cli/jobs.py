@@ -58,6 +58,10 @@ def show_job(job: TrainingJob) -> None:
     ]
     if job.timings:
         rows.append(("start-up", timings_line(job.timings)))
+    if job.status == "completed":  # what to serve: the final checkpoint, deployed by job id
+        final = next((c for c in job.checkpoints() if c["final"]), None)
+        if final is not None:
+            rows.append(("checkpoint", f"{final['id']} (final; serve it: veri deploy {job.id})"))
     if job.error:
         error = job.error
         rows.append(("error", f"{error['code']} ({error['attribution']}): {error['message']}"))

@@ -15,9 +15,12 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
-# Piped or redirected, tables and messages are printed whole (nothing wrapped or cut).
-out = Console(width=None if sys.stdout.isatty() else 10_000)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000)
+# Piped or redirected, tables and messages are printed whole (nothing wrapped or cut). What is
+# printed is mostly user data (model names like `ft:…:rocket:…`, dataset names, API messages): no
+# emoji codes and no markup by default, so it prints exactly; the CLI's own styling passes
+# `markup=True` and escapes what it interpolates (rich.markup.escape).
+out = Console(width=None if sys.stdout.isatty() else 10_000, markup=False, emoji=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000, markup=False, emoji=False)
 
 
 class _Table(Table):
@@ -84,7 +87,7 @@ class BinaryTransferSpeed(ProgressColumn):
 
 def transfer_progress() -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", style="bold", markup=False),  # a file name
         BarColumn(),
         DownloadColumn(binary_units=True),
         BinaryTransferSpeed(),

@@ -4,6 +4,8 @@ import getpass
 import threading
 from pathlib import Path
 
+from rich.markup import escape as markup_escape
+
 from veri_sdk.cli.output import (
     err,
     human_bytes,
@@ -126,8 +128,9 @@ def cmd_volumes_delete(args, client) -> int:
     volume = client.volumes.get(args.name)
     if not args.yes:
         err.print(
-            f"Volume [bold]{volume.name}[/] holds {volume.file_count} file(s), "
-            f"{human_bytes(volume.total_bytes)}. This deletes them all."
+            f"Volume [bold]{markup_escape(volume.name)}[/] holds {volume.file_count} file(s), "
+            f"{human_bytes(volume.total_bytes)}. This deletes them all.",
+            markup=True,
         )
         try:
             typed = input("Type the volume name to confirm: ").strip()

@@ -30,6 +30,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def next_steps(*, api_key: str, job_id: str) -> str:
+    """The demo's `Next:` lines: what to run once it has trained `job_id`."""
+    return (
+        f"\nNext:\n  export VERI_API_URL=http://127.0.0.1:8000 VERI_API_KEY={api_key}\n"
+        "  .venv/bin/python manage.py runserver & .venv/bin/python manage.py qcluster &\n"
+        f"  .venv/bin/veri volumes ls {DEMO_VOLUME}\n"
+        "  .venv/bin/veri train examples/train_grpo.py   # one decorated reward, one command\n"
+        f"  .venv/bin/veri jobs get {job_id}   # the final checkpoint's id\n"
+        f"  .venv/bin/veri deploy {job_id}   # serve it to the openai client at /v1\n"
+        "  .venv/bin/veri billing\n"
+        f"  open http://127.0.0.1:8000/ and sign in as {DEMO_OWNER} (password above)\n"
+        "  .venv/bin/python manage.py createsuperuser   # then open http://127.0.0.1:8000/admin/\n"
+        "  # (unattended: --noinput with DJANGO_SUPERUSER_PASSWORD, docs/operators/admin.md)\n"
+    )
+
+
 class Command(BaseCommand):
     help = (
         "The embedded default end to end: a workspace, a volume filled with the CLI, a tiny model "
@@ -93,7 +109,7 @@ class Command(BaseCommand):
                 "models/tiny-qwen2",
             )
             self.veri(cli_env, "volumes", "ls", DEMO_VOLUME)
-            self.train(api_url, api_key, steps, Path(checkpoints))
+            job_id = self.train(api_url, api_key, steps, Path(checkpoints))
             self.stdout.write(
                 f"  dashboard   http://127.0.0.1:8000/ once the server below runs: sign in as "
                 f"{DEMO_OWNER} with password {password}\n"
@@ -103,18 +119,10 @@ class Command(BaseCommand):
                 process.terminate()
             for process in processes:
                 process.wait()
-        self.stdout.write(
-            f"\nNext:\n  export VERI_API_URL=http://127.0.0.1:8000 VERI_API_KEY={api_key}\n"
-            "  .venv/bin/python manage.py runserver & .venv/bin/python manage.py qcluster &\n"
-            f"  .venv/bin/veri volumes ls {DEMO_VOLUME}\n"
-            "  .venv/bin/veri train examples/train_grpo.py   # one decorated reward, one command\n"
-            "  .venv/bin/veri billing\n"
-            f"  open http://127.0.0.1:8000/ and sign in as {DEMO_OWNER} (password above)\n"
-            "  .venv/bin/python manage.py createsuperuser   # then open http://127.0.0.1:8000/admin/\n"
-            "  # (unattended: --noinput with DJANGO_SUPERUSER_PASSWORD, docs/operators/admin.md)\n"
-        )
+        self.stdout.write(next_steps(api_key=api_key, job_id=job_id))
 
-    def train(self, api_url: str, api_key: str, steps: int, checkpoints: Path) -> None:
+    def train(self, api_url: str, api_key: str, steps: int, checkpoints: Path) -> str:
+        """Train the demo's job to the end; its id."""
         from veri_sdk import Client
 
         client = Client(api_key=api_key, base_url=api_url)
@@ -168,6 +176,7 @@ class Command(BaseCommand):
             "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder); "
             "README: Loading a trained adapter)\n"
         )
+        return job.id
 
     def step(self, text: str) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING(f"==> {text}"))
