@@ -18,6 +18,7 @@ import httpx
 import pytest
 from botocore.config import Config
 from django.db import connection
+from pytest_django.plugin import blocking_manager_key, validate_django_db
 from rest_framework.test import APIClient
 
 from billing.services import open_billing_account
@@ -41,6 +42,7 @@ TRAINS_ON = {"qcluster", "prod_like"}
 # Each test's measured seconds (setup, call and teardown), to run the longest first;
 # `make test PYTEST_ARGS=--record-durations` writes it again.
 DURATIONS = REPO / "tests" / "durations.json"
+FLUSHED = pytest.StashKey[bool]()  # the last test of this process emptied the database
 
 
 def is_heavy(item) -> bool:
@@ -159,6 +161,35 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if lanes := getattr(config, "veri_lanes", None):
         shutil.rmtree(lanes, ignore_errors=True)
+
+
+def flushes_the_database(item) -> bool:
+    """Whether `item` is a transactional test (pytest-django's rule): it ends by emptying every
+    table, and with serialized rollback the migrations' rows come back only when the next
+    transactional test starts."""
+    marker = item.get_closest_marker("django_db")
+    transactional = bool(marker and validate_django_db(marker)[0])
+    return transactional or bool({"transactional_db", "live_server"} & set(item.fixturenames))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test in a transaction after a transactional one on this worker (the heavy worker takes
+    light tests once its lane is done) gets the migrations' rows back first: content types,
+    permissions, task schedules. Without them an operator given permissions has none."""
+    if flushes_the_database(item):
+        item.config.stash[FLUSHED] = True
+        return
+    uses_db = item.get_closest_marker("django_db") or "db" in item.fixturenames
+    if not uses_db or not item.config.stash.get(FLUSHED, False):
+        return
+    item.config.stash[FLUSHED] = False
+    from django.db import connections
+
+    with item.config.stash[blocking_manager_key].unblock():
+        for connection in connections.all():
+            if serialized := getattr(connection, "_test_serialized_contents", None):
+                connection.creation.deserialize_db_from_string(serialized)
 
 
 @pytest.fixture(autouse=True)
