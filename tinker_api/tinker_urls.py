@@ -18,6 +18,10 @@ urlpatterns = [
     path("optim_step", api.OptimStepView.as_view()),
     path("save_weights", api.SaveWeightsView.as_view()),
     path("load_weights", api.LoadWeightsView.as_view()),
+    path("save_weights_for_sampler", api.SaveWeightsForSamplerView.as_view()),
+    path("create_sampling_session", api.CreateSamplingSessionView.as_view()),
+    path("samplers/<str:sampler_id>", api.SamplerView.as_view()),
+    path("asample", api.AsampleView.as_view()),
     path("retrieve_future", api.RetrieveFutureView.as_view()),
     re_path(r"^(?P<path>.*)$", api.unsupported),
 ]

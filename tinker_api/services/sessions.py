@@ -230,9 +230,15 @@ def enqueue(*, model: TinkerModel, seq_id: int, kind: str, payload: dict) -> Tin
     again (a retried request) is the same operation."""
     if seq_id < 1:
         raise VeriError("seq_id starts at 1 (0 is the model's creation).", field="seq_id")
-    operation, created = TinkerOperation.objects.get_or_create(
-        model=model, seq_id=seq_id, defaults={"kind": kind, "payload": payload}
-    )
+    if kind == OpKind.SAMPLE:  # many per seq_id: the sampler's save (tinker_api.models)
+        operation, created = (
+            TinkerOperation.objects.create(model=model, seq_id=seq_id, kind=kind, payload=payload),
+            True,
+        )
+    else:
+        operation, created = TinkerOperation.objects.get_or_create(
+            model=model, seq_id=seq_id, defaults={"kind": kind, "payload": payload}
+        )
     if created and model.status not in MODEL_LIVE:
         TinkerOperation.objects.filter(pk=operation.pk).update(
             status=OpStatus.FAILED,
