@@ -198,9 +198,8 @@ def test_sampled_logprobs_are_a_forward_pass_s(
     training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     again = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
     assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
-    assert [s.logprobs for s in again.sequences] == pytest.approx(
-        [s.logprobs for s in first.sequences], abs=1e-5
-    )
+    for repeated, original in zip(again.sequences, first.sequences, strict=True):
+        assert repeated.logprobs == pytest.approx(original.logprobs, abs=1e-5)
 
     # Named sampler weights: a path a new sampling client samples from; a stop token stops.
     saved = training.save_weights_for_sampler("after-2").result()
