@@ -15,6 +15,7 @@ the model's local folder (TOKENIZER, `.veri/models/tiny-qwen2` after `make demo`
 docs/user-guide/tinker.md ("Coming from Tinker")."""
 
 import os
+import time
 
 import tinker
 from tinker import types
@@ -37,6 +38,7 @@ def main() -> None:
     training = service.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     for iteration in range(ITERATIONS):
+        started = time.monotonic()
         sampler = training.save_weights_and_get_sampling_client().result()
         futures = []
         for index, prompt in enumerate(prompts):
@@ -65,7 +67,8 @@ def main() -> None:
                 )
         training.forward_backward(data, "importance_sampling").result()
         training.optim_step(types.AdamParams(learning_rate=3e-2)).result()
-        print(f"iteration {iteration:2d} mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
+        mean, took = sum(rewards) / len(rewards), time.monotonic() - started
+        print(f"iteration {iteration:2d} mean reward {mean:.3f} ({took:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

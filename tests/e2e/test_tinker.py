@@ -158,6 +158,7 @@ def test_the_rl_example_raises_the_mean_reward(
     assert len(rewards) == 15, result.stdout
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.1, rewards
+    print(result.stdout)
 
 
 def test_sampled_logprobs_are_a_forward_pass_s(
