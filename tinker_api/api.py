@@ -363,7 +363,9 @@ class SamplerView(TinkerView):
 
 
 class SamplingParamsIn(serializers.Serializer):
-    max_tokens = serializers.IntegerField(required=False, allow_null=True, default=16)
+    max_tokens = serializers.IntegerField(
+        min_value=1, max_value=sampling.MAX_TOKENS, allow_null=True, default=16
+    )
     seed = serializers.IntegerField(required=False, allow_null=True)
     stop = serializers.JSONField(required=False, allow_null=True)
     temperature = serializers.FloatField(min_value=0, max_value=100, default=1.0)
@@ -385,7 +387,9 @@ class AsampleView(TinkerView):
     class Input(serializers.Serializer):
         sampling_session_id = serializers.CharField(max_length=120)
         seq_id = serializers.IntegerField(min_value=0)
-        num_samples = serializers.IntegerField(default=1)
+        num_samples = serializers.IntegerField(
+            min_value=1, max_value=sampling.MAX_SAMPLES, default=1
+        )
         prompt = serializers.DictField()
         sampling_params = SamplingParamsIn()
         prompt_logprobs = serializers.BooleanField(required=False, allow_null=True)
@@ -405,17 +409,15 @@ class AsampleView(TinkerView):
         ]
         if asked:
             raise Unsupported(f"Sampling with {', '.join(asked)} is not supported yet.")
-        save = sampling.get_sampler(workspace=self.workspace, sampler=data["sampling_session_id"])
         params = dict(data["sampling_params"])
         params["max_tokens"] = params["max_tokens"] or 16
-        operation = sampling.sample(
-            save=save,
-            payload={
-                "tokens": wire.prompt_tokens(data["prompt"]),
-                "num_samples": data["num_samples"],
-                "sampling_params": params,
-            },
-        )
+        payload = {
+            "tokens": wire.prompt_tokens(data["prompt"]),
+            "num_samples": data["num_samples"],
+            "sampling_params": params,
+        }
+        save = sampling.get_sampler(workspace=self.workspace, sampler=data["sampling_session_id"])
+        operation = sampling.sample(save=save, payload=payload)
         ids = [f"{operation.request_id}:{index}" for index in range(data["num_samples"])]
         return Response(
             {

@@ -236,7 +236,8 @@ def enqueue(*, model: TinkerModel, seq_id: int, kind: str, payload: dict) -> Tin
             True,
         )
     else:
-        operation, created = TinkerOperation.objects.get_or_create(
+        ordered = TinkerOperation.objects.exclude(kind=OpKind.SAMPLE)
+        operation, created = ordered.get_or_create(
             model=model, seq_id=seq_id, defaults={"kind": kind, "payload": payload}
         )
     if created and model.status not in MODEL_LIVE:

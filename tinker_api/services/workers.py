@@ -65,7 +65,7 @@ def next_operation(*, model: TinkerModel, after: int, wait: float) -> TinkerOper
             raise ModelEnded(f"The model is {model.status}.")
         wanted = TinkerOperation.objects.filter(
             model=model, seq_id=after + 1, status__in=(OpStatus.QUEUED, OpStatus.RUNNING)
-        )
+        ).exclude(kind=OpKind.SAMPLE)
         if wanted.filter(status=OpStatus.QUEUED).update(status=OpStatus.RUNNING) or (
             after == -1 and wanted.exists()  # the creation, again after a worker restart
         ):
