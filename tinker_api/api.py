@@ -338,19 +338,23 @@ class CreateSamplingSessionView(TinkerView):
         session_id = serializers.CharField(max_length=40)
         model_path = serializers.CharField(max_length=300, required=False, allow_null=True)
         base_model = serializers.CharField(max_length=300, required=False, allow_null=True)
+        sampling_session_seq_id = serializers.IntegerField(min_value=0, max_value=10_000)
 
     def post(self, request: Request) -> Response:
         data = self.validated(self.Input, request.data)
-        selectors.get_session(workspace=self.workspace, session_id=data["session_id"])
-        if not data.get("model_path"):
-            raise Unsupported(
-                "Sampling a base model with no weights is not supported yet; sample from a "
-                "training client (save_weights_and_get_sampling_client)."
+        session = selectors.get_session(workspace=self.workspace, session_id=data["session_id"])
+        if data.get("model_path"):
+            save = sampling.resolve_path(workspace=self.workspace, path=data["model_path"])
+            sampler = sampling.sampler_id(save)
+        elif data.get("base_model"):
+            sampler = sampling.base_sampler(
+                session=session,
+                base_model=data["base_model"],
+                sampling_seq_id=data["sampling_session_seq_id"],
             )
-        save = sampling.resolve_path(workspace=self.workspace, path=data["model_path"])
-        return Response(
-            {"type": "create_sampling_session", "sampling_session_id": sampling.sampler_id(save)}
-        )
+        else:
+            raise VeriError("Send model_path or base_model.", field="model_path")
+        return Response({"type": "create_sampling_session", "sampling_session_id": sampler})
 
 
 class SamplerView(TinkerView):

@@ -76,8 +76,6 @@ def test_a_supervised_loop_lowers_the_loss(
     assert after < losses[-1], (after, losses)
 
     # What Veri does not support yet is an error the client raises, not a hang or a 500.
-    with pytest.raises(tinker.BadRequestError, match="not supported"):
-        service.create_sampling_client(base_model=TINY).result()
     with pytest.raises(tinker.RequestFailedError, match="not supported"):
         training.forward_backward(data, "dro").result()
     model = TinkerModel.objects.get()
@@ -158,7 +156,6 @@ def test_the_rl_example_raises_the_mean_reward(
     assert len(rewards) == 15, result.stdout
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.1, rewards
-    print(result.stdout)
 
 
 def test_sampled_logprobs_are_a_forward_pass_s(
@@ -220,3 +217,16 @@ def test_sampled_logprobs_are_a_forward_pass_s(
         service.create_sampling_client(
             model_path=f"tinker://{training.model_id}/sampler_weights/never"
         ).result()
+    with pytest.raises(tinker.BadRequestError, match="not supported"):
+        named.sample(types.ModelInput.from_ints(prompt), 1, greedy, topk_sample_logprobs=2).result()
+
+    # A base model's sampler: the base model's own logprobs, as an untrained LoRA's forward.
+    base = service.create_sampling_client(base_model=TINY).result()
+    [drawn] = base.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences
+    fresh = service.create_lora_training_client(base_model=TINY, rank=4).result()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints((prompt + drawn.tokens)[:-1]),
+        loss_fn_inputs={"target_tokens": (prompt + drawn.tokens)[1:]},
+    )
+    [output] = fresh.forward([datum], "cross_entropy").result().loss_fn_outputs
+    assert drawn.logprobs == pytest.approx(output["logprobs"].tolist()[len(prompt) - 1 :], abs=1e-4)

@@ -2,11 +2,14 @@
 its order (in its worker's memory), and a sampler is those weights: its id is
 `<model_id>:sample:<seq_id>` of that save, a named save is also addressed as
 `tinker://<model_id>/sampler_weights/<name>`. Samples run on the model's worker, between its
-other operations, with the saved weights. Samplers live as long as their model."""
+other operations, with the saved weights. Samplers live as long as their model.
+
+A base model's sampler (no weights) is a model of its own, never trained: a rank-1 LoRA whose
+second matrix starts at zero (PEFT's initialisation), so it computes exactly the base model."""
 
 import re
 
-from tinker_api.models import OpKind, OpStatus, TinkerModel, TinkerOperation
+from tinker_api.models import OpKind, OpStatus, TinkerModel, TinkerOperation, TinkerSession
 from tinker_api.services import sessions
 from tinker_api.services.checkpoints import NAME_RE
 from veri.errors import NotFound, VeriError
@@ -15,6 +18,9 @@ from veri.models import Workspace
 SAMPLER_RE = re.compile(r"^(?P<model>.+):sample:(?P<seq>[0-9]{1,9})$")
 MAX_SAMPLES = 64
 MAX_TOKENS = 4096
+# A base model's sampler's model_seq_id: past those a client may give its training clients.
+BASE_SAMPLER_SEQ = 10_001
+BASE_LORA = {"rank": 1, "train_unembed": False, "train_mlp": False, "train_attn": True}
 
 
 def sampler_id(operation: TinkerOperation) -> str:
@@ -89,3 +95,16 @@ def sample(*, save: TinkerOperation, payload: dict) -> TinkerOperation:
     return sessions.enqueue(
         model=save.model, seq_id=save.seq_id, kind=OpKind.SAMPLE, payload=payload
     )
+
+
+def base_sampler(*, session: TinkerSession, base_model: str, sampling_seq_id: int) -> str:
+    """A sampler of `base_model` itself (`create_sampling_client(base_model=…)`): its own
+    worker, which samples once loaded. The same `sampling_seq_id` again is the same sampler."""
+    creation = sessions.create_model(
+        session=session,
+        model_seq_id=BASE_SAMPLER_SEQ + sampling_seq_id,
+        base_model=base_model,
+        lora=BASE_LORA,
+        user_metadata={"veri_sampler": "base"},
+    )
+    return sampler_id(save_for_sampler(model=creation.model, seq_id=1, name=None))
