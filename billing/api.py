@@ -41,6 +41,7 @@ BillingOut = inline_serializer(
             {
                 "jobs": serializers.CharField(),
                 "deployments": serializers.CharField(),
+                "tinker": serializers.CharField(),
                 "storage": serializers.CharField(),
             },
         ),

@@ -48,7 +48,7 @@ class ServingMoney:
         services.charge_deployment_uptime(**entry)
 
     def credit_uptime(self, **entry) -> None:
-        services.credit_deployment_uptime(**entry)
+        services.credit_lost_uptime(**entry)
 
     def require_funds(self, *, workspace: Workspace) -> None:
         services.require_serving_funds(workspace=workspace)

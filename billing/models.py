@@ -64,6 +64,7 @@ class LedgerEntry(models.Model):
         TOP_UP = "top_up"
         JOB_CHARGE = "job_charge"
         DEPLOYMENT_CHARGE = "deployment_charge"  # a replica's uptime (serving)
+        TINKER_CHARGE = "tinker_charge"  # a Tinker model's machine uptime (tinker_api)
         STORAGE_CHARGE = "storage_charge"
         REFUND_CREDIT = "refund_credit"
         ADJUSTMENT = "adjustment"

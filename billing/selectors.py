@@ -108,7 +108,12 @@ def unbilled(*, workspace: Workspace, now: datetime | None = None) -> Unbilled:
 
 def spend_micros(*, workspace: Workspace) -> dict[str, int]:
     """What the workspace has been charged, by what for (credits back are in the ledger)."""
-    kinds = {K.JOB_CHARGE: "jobs", K.DEPLOYMENT_CHARGE: "deployments", K.STORAGE_CHARGE: "storage"}
+    kinds = {
+        K.JOB_CHARGE: "jobs",
+        K.DEPLOYMENT_CHARGE: "deployments",
+        K.TINKER_CHARGE: "tinker",
+        K.STORAGE_CHARGE: "storage",
+    }
     totals = dict(
         LedgerEntry.objects.filter(workspace=workspace, kind__in=list(kinds))
         .values("kind")

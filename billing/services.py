@@ -94,10 +94,11 @@ def charge_deployment_uptime(
     )
 
 
-def credit_deployment_uptime(
+def credit_lost_uptime(
     *, workspace: Workspace, amount_micros: int, key: str, description: str
 ) -> None:
-    """Serving's hook: uptime of a replica the platform lost, credited back once per key."""
+    """Uptime of a machine the platform lost (a replica, a Tinker model), credited back once per
+    key."""
     record_entry(
         workspace=workspace,
         kind=LedgerEntry.Kind.REFUND_CREDIT,
@@ -110,18 +111,47 @@ def credit_deployment_uptime(
 def require_serving_funds(*, workspace: Workspace) -> None:
     """Serving's hook, before a deployment is created or a request wakes or reaches a replica:
     402 without an account or with a spent balance (its deployments are stopped meanwhile)."""
+    _require_positive_balance(
+        workspace=workspace,
+        doing="deploying models",
+        spent="this workspace's deployments are stopped. Top up (veri billing top-up AMOUNT); "
+        "the next request wakes them.",
+    )
+
+
+def require_tinker_funds(*, workspace: Workspace) -> None:
+    """Before a Tinker model starts: 402 without an account or with a spent balance."""
+    _require_positive_balance(
+        workspace=workspace,
+        doing="creating Tinker models",
+        spent="Tinker models cannot start. Top up (veri billing top-up AMOUNT) and create the "
+        "training client again.",
+    )
+
+
+def _require_positive_balance(*, workspace: Workspace, doing: str, spent: str) -> None:
     if not BillingAccount.objects.filter(workspace=workspace).exists():
-        raise PaymentRequired(
-            "This workspace has no billing account; add one before deploying models."
-        )
+        raise PaymentRequired(f"This workspace has no billing account; add one before {doing}.")
     balance = balance_micros(workspace=workspace)
     if balance <= 0:
         raise PaymentRequired(
-            f"The balance is {usd(balance)} USD: this workspace's deployments are stopped. "
-            "Top up (veri billing top-up AMOUNT); the next request wakes them.",
+            f"The balance is {usd(balance)} USD: {spent}",
             code="insufficient_balance",
             balance_usd=usd(balance),
         )
+
+
+def charge_tinker_uptime(
+    *, workspace: Workspace, amount_micros: int, key: str, description: str
+) -> None:
+    """A stretch of a Tinker model's machine uptime, charged once per key."""
+    record_entry(
+        workspace=workspace,
+        kind=K.TINKER_CHARGE,
+        amount_micros=-amount_micros,
+        key=key,
+        description=description,
+    )
 
 
 def _balances(workspace_ids) -> dict[int, int]:
@@ -151,7 +181,7 @@ def recent_daily_spend_micros(*, workspace: Workspace, days: int = 7) -> int:
     spent = LedgerEntry.objects.filter(
         workspace=workspace,
         created_at__gte=since,
-        kind__in=[K.JOB_CHARGE, K.DEPLOYMENT_CHARGE, K.STORAGE_CHARGE],
+        kind__in=[K.JOB_CHARGE, K.DEPLOYMENT_CHARGE, K.TINKER_CHARGE, K.STORAGE_CHARGE],
     ).aggregate(total=Sum("amount_micros"))["total"]
     return -(spent or 0) // days
 

@@ -443,3 +443,9 @@ VERI_TINKER_GPU_TYPE = env.str("VERI_TINKER_GPU_TYPE", default="cpu")
 VERI_TINKER_SESSION_TIMEOUT_SECONDS = env.int("VERI_TINKER_SESSION_TIMEOUT_SECONDS", default=120)
 VERI_TINKER_WAIT_SECONDS = env.float("VERI_TINKER_WAIT_SECONDS", default=20.0)
 VERI_TINKER_POLL_INTERVAL_SECONDS = env.float("VERI_TINKER_POLL_INTERVAL_SECONDS", default=0.1)
+# A model's uptime is charged at least this often while it runs (and when it ends).
+VERI_TINKER_CHARGE_SECONDS = env.int("VERI_TINKER_CHARGE_SECONDS", default=120)
+# A session's budget cap when its client names none (`user_metadata={"veri_max_cost_usd": ...}`).
+VERI_TINKER_SESSION_MAX_COST_USD = env.str("VERI_TINKER_SESSION_MAX_COST_USD", default="100")
+# How long a model ending with its state saved may take to save before it ends unsaved.
+VERI_TINKER_SAVE_TIMEOUT_SECONDS = env.int("VERI_TINKER_SAVE_TIMEOUT_SECONDS", default=600)

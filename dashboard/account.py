@@ -61,6 +61,7 @@ def billing_page(request):
             "spend": [
                 ("Training", spend["jobs"]),
                 ("Deployments", spend["deployments"]),
+                ("Tinker", spend["tinker"]),
                 ("Storage", spend["storage"]),
             ],
         },

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import account, deployments, evaluations, jobs, runs, storage, webhooks
+from dashboard import account, deployments, evaluations, jobs, runs, storage, tinker, webhooks
 
 app_name = "dashboard"
 
@@ -52,6 +52,13 @@ urlpatterns = [
     path("billing/", account.billing_page, name="billing"),
     path("keys/", account.api_keys, name="keys"),
     path("keys/<str:prefix>/revoke/", account.api_key_revoke, name="key_revoke"),
+    path("tinker/", tinker.tinker_page, name="tinker"),
+    path("tinker/keys/<str:key_id>/revoke/", tinker.tinker_key_revoke, name="tinker_key_revoke"),
+    path(
+        "tinker/models/<str:model_id>/checkpoints/<str:checkpoint_id>/",
+        tinker.tinker_checkpoint_download,
+        name="tinker_checkpoint",
+    ),
     path("secrets/", account.secrets_page, name="secrets"),
     path("secrets/<str:name>/delete/", account.secret_delete, name="secret_delete"),
     path("webhooks/", webhooks.webhook_list, name="webhooks"),

@@ -4,7 +4,7 @@ Errors keep Veri's `{"error": {...}}` body; what the client does with them is it
 business (401 → AuthenticationError, 404 → NotFoundError, 400 → BadRequestError)."""
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, exceptions, permissions, serializers
@@ -13,16 +13,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tinker_api import selectors, wire
-from tinker_api.models import OpKind, OpStatus, TinkerKey
-from tinker_api.services import base_models, checkpoints, keys, sampling, sessions
+from tinker_api.models import ModelStatus, OpKind, OpStatus, TinkerKey
+from tinker_api.services import base_models, checkpoints, keys, sampling, sessions, usage
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
 PROTOBUF = "application/x-protobuf"
 # What the client reads from /client/config: no JWT exchange (Veri takes the key itself),
 # uncompressed protobuf bodies of forward_backward chunks that fit under Veri's body limit, and
-# plain httpx (no pyqwest transport); the rest as the SDK's defaults.
+# plain httpx (no pyqwest transport), a 402 (no funds, a spent budget) raised as BillingError
+# at its second answer rather than the loop paused for an hour; the rest as the SDK's defaults.
 CLIENT_CONFIG = {
+    "billing_exception_max_pause_duration_sec": 0,
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
     "parallel_fwdbwd_chunks": True,
@@ -223,9 +225,11 @@ class ForwardBackwardView(TinkerView):
             raise VeriError("No data.", field="data")
         kind = OpKind.FORWARD if decoded["forward_only"] else OpKind.FORWARD_BACKWARD
         payload = {k: decoded[k] for k in ("loss_fn", "loss_fn_config", "data")}
-        return _future(
-            sessions.enqueue(model=model, seq_id=decoded["seq_id"], kind=kind, payload=payload)
+        operation = sessions.enqueue(
+            model=model, seq_id=decoded["seq_id"], kind=kind, payload=payload
         )
+        usage.count_tokens(operation=operation, data=decoded["data"])
+        return _future(operation)
 
 
 class AdamIn(serializers.Serializer):
@@ -477,3 +481,138 @@ def unsupported(request: HttpRequest, path: str = "") -> JsonResponse:
         "Tinker' (docs/user-guide/tinker.md) lists what it supports."
     )
     return JsonResponse(error.as_body(), status=400)
+
+
+# The rest client's listing routes (`tinker.ServiceClient().create_rest_client()`): training
+# runs are the workspace's models, their checkpoints the saved states ("training" ones; Veri
+# has no sampler or external weights yet, nor public checkpoints).
+
+
+def _checkpoint_out(checkpoint) -> dict:
+    return {
+        "checkpoint_id": f"weights/{checkpoint.name}",
+        "checkpoint_type": "training",
+        "time": checkpoint.created_at,
+        "tinker_path": checkpoints.tinker_path(checkpoint),
+        "size_bytes": sum(f["size"] for f in checkpoint.files),
+        "public": False,
+    }
+
+
+def _run_out(model) -> dict:
+    saved = [c for c in model.checkpoints.all() if c.files is not None]
+    last = max(saved, key=lambda c: (c.created_at, c.pk), default=None)
+    return {
+        "training_run_id": model.model_id,
+        "base_model": model.base_model,
+        "model_owner": model.workspace.public_id,
+        "is_lora": True,
+        "corrupted": model.status == ModelStatus.FAILED,
+        "lora_rank": model.lora["rank"],
+        "last_request_time": model.last_seen_at or model.created_at,
+        "last_checkpoint": _checkpoint_out(last) if last else None,
+        "last_sampler_checkpoint": None,
+        "user_metadata": {str(k): str(v) for k, v in model.user_metadata.items()},
+    }
+
+
+class PageIn(serializers.Serializer):
+    limit = serializers.IntegerField(min_value=1, max_value=1000, default=20)
+    offset = serializers.IntegerField(min_value=0, default=0)
+
+
+def _page(rows, page: dict) -> tuple[list, dict]:
+    offset, limit = page["offset"], page["limit"]
+    cursor = {"offset": offset, "limit": limit, "total_count": rows.count()}
+    return list(rows[offset : offset + limit]), cursor
+
+
+class TrainingRunsView(TinkerView):
+    def get(self, request: Request) -> Response:
+        rows = (
+            selectors.list_models(workspace=self.workspace)
+            .select_related("workspace")
+            .prefetch_related("checkpoints__model")
+        )
+        runs, cursor = _page(rows, self.validated(PageIn, request.query_params))
+        return Response({"training_runs": [_run_out(m) for m in runs], "cursor": cursor})
+
+
+class TrainingRunView(TinkerView):
+    def get(self, request: Request, model_id: str) -> Response:
+        return Response(_run_out(self.model(model_id)))
+
+
+class RunCheckpointsView(TinkerView):
+    def get(self, request: Request, model_id: str) -> Response:
+        model = self.model(model_id)
+        rows = selectors.list_checkpoints(workspace=self.workspace).filter(model=model)
+        return Response({"checkpoints": [_checkpoint_out(c) for c in rows]})
+
+
+class UserCheckpointsView(TinkerView):
+    def get(self, request: Request) -> Response:
+        page = self.validated(PageIn, {"limit": 100} | request.query_params.dict())
+        rows, cursor = _page(selectors.list_checkpoints(workspace=self.workspace), page)
+        return Response({"checkpoints": [_checkpoint_out(c) for c in rows], "cursor": cursor})
+
+
+class CheckpointView(TinkerView):
+    def delete(self, request: Request, model_id: str, checkpoint_id: str) -> Response:
+        checkpoint = selectors.get_checkpoint(
+            workspace=self.workspace, model_id=model_id, checkpoint_id=checkpoint_id
+        )
+        checkpoints.delete(checkpoint)
+        return Response(status=204)
+
+
+class CheckpointArchiveView(TinkerView):
+    """The LoRA adapter as a tar archive: a redirect to a short-lived URL of the store."""
+
+    def get(self, request: Request, model_id: str, checkpoint_id: str) -> HttpResponse:
+        checkpoint = selectors.get_checkpoint(
+            workspace=self.workspace, model_id=model_id, checkpoint_id=checkpoint_id
+        )
+        url = request.build_absolute_uri(checkpoints.archive_url(checkpoint))
+        return HttpResponseRedirect(url)
+
+
+class WeightsInfoView(TinkerView):
+    class Input(serializers.Serializer):
+        tinker_path = serializers.CharField(max_length=300)
+
+    def post(self, request: Request) -> Response:
+        path = self.validated(self.Input, request.data)["tinker_path"]
+        model = checkpoints.resolve(workspace=self.workspace, path=path).model
+        lora = model.lora
+        return Response(
+            {
+                "base_model": model.base_model,
+                "is_lora": True,
+                "lora_rank": lora["rank"],
+                "train_unembed": lora.get("train_unembed", True),
+                "train_mlp": lora.get("train_mlp", True),
+                "train_attn": lora.get("train_attn", True),
+            }
+        )
+
+
+class SessionsView(TinkerView):
+    def get(self, request: Request) -> Response:
+        rows = selectors.list_sessions(workspace=self.workspace)
+        sessions_page, cursor = _page(rows, self.validated(PageIn, request.query_params))
+        return Response({"sessions": [s.public_id for s in sessions_page], "cursor": cursor})
+
+
+class SessionView(TinkerView):
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.get_session(workspace=self.workspace, session_id=session_id)
+        return Response(
+            {
+                "training_run_ids": list(
+                    session.models.order_by("model_seq_id").values_list("model_id", flat=True)
+                ),
+                "sampler_ids": [],
+                "user_metadata": {str(k): str(v) for k, v in session.user_metadata.items()},
+            }
+        )

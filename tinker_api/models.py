@@ -1,5 +1,6 @@
 """Tinker keys, sessions, training models (each one worker process) and the operations queued
-for them in order. Billing is not attached yet (sessions are free while this face is new)."""
+for them in order. A model's machine uptime is charged per second (`charged_until` is where its
+charges stopped), within its session's budget cap."""
 
 from django.db import models
 
@@ -34,6 +35,9 @@ class TinkerSession(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True)
+    # What its models' uptime may cost in all (`veri_max_cost_usd` in the client's metadata, else
+    # VERI_TINKER_SESSION_MAX_COST_USD); reaching it saves and ends them.
+    max_cost_micros = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return self.public_id
@@ -42,11 +46,12 @@ class TinkerSession(models.Model):
 class ModelStatus(models.TextChoices):
     STARTING = "starting"  # written; its worker is being launched or is loading the model
     READY = "ready"  # the worker runs operations
+    SAVING = "saving"  # ending: the worker saves its state first (`error_code` says why)
     FAILED = "failed"
     ENDED = "ended"
 
 
-MODEL_LIVE = (ModelStatus.STARTING, ModelStatus.READY)
+MODEL_LIVE = (ModelStatus.STARTING, ModelStatus.READY, ModelStatus.SAVING)
 
 
 class TinkerModel(models.Model):
@@ -67,6 +72,10 @@ class TinkerModel(models.Model):
     provider = models.CharField(max_length=32)
     gpu_type = models.CharField(max_length=64)
     external_id = models.CharField(max_length=200, blank=True)  # the provider's machine
+    price_per_hour_micros = models.BigIntegerField(default=0)  # the catalog's, at creation
+    launched_at = models.DateTimeField(null=True, blank=True)  # its machine's uptime starts
+    charged_until = models.DateTimeField(null=True, blank=True)
+    charged_micros = models.BigIntegerField(default=0)
     token_hash = models.CharField(max_length=64, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(null=True, blank=True)
@@ -115,6 +124,7 @@ class TinkerOperation(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     error_category = models.CharField(max_length=16, blank=True)  # user | server
+    tokens = models.PositiveIntegerField(default=0)  # a forward(_backward)'s input tokens
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

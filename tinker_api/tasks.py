@@ -9,3 +9,8 @@ def launch_model(*, model_pk: int) -> str:
 
 def stop_machine(*, model_pk: int) -> None:
     sessions.stop_machine(model_pk=model_pk)
+
+
+def sweep_models() -> None:
+    """Every minute: charge running models, end spent, idle and abandoned ones."""
+    sessions.sweep()

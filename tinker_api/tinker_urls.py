@@ -4,6 +4,8 @@ from django.urls import path, re_path
 
 from tinker_api import api
 
+CK = r"(?P<checkpoint_id>weights/[^/]+)"  # the client's checkpoint id: `weights/<name>`
+
 urlpatterns = [
     path("healthz", api.HealthView.as_view()),
     path("client/config", api.ClientConfigView.as_view()),
@@ -23,5 +25,17 @@ urlpatterns = [
     path("samplers/<str:sampler_id>", api.SamplerView.as_view()),
     path("asample", api.AsampleView.as_view()),
     path("retrieve_future", api.RetrieveFutureView.as_view()),
+    path("training_runs", api.TrainingRunsView.as_view()),
+    path("training_runs/<str:model_id>", api.TrainingRunView.as_view()),
+    path("training_runs/<str:model_id>/checkpoints", api.RunCheckpointsView.as_view()),
+    re_path(rf"^training_runs/(?P<model_id>[^/]+)/checkpoints/{CK}$", api.CheckpointView.as_view()),
+    re_path(
+        rf"^training_runs/(?P<model_id>[^/]+)/checkpoints/{CK}/archive$",
+        api.CheckpointArchiveView.as_view(),
+    ),
+    path("checkpoints", api.UserCheckpointsView.as_view()),
+    path("weights_info", api.WeightsInfoView.as_view()),
+    path("sessions", api.SessionsView.as_view()),
+    path("sessions/<str:session_id>", api.SessionView.as_view()),
     re_path(r"^(?P<path>.*)$", api.unsupported),
 ]

@@ -220,8 +220,9 @@ CATALOG: dict[str, JobError] = {
             C,
             Billing.CHARGE,
             "The workspace's balance ran out; after a grace period the job saved a checkpoint "
-            "(when it saves checkpoints) and stopped",
-            "Top up (veri billing top-up AMOUNT), then resume from the newest checkpoint.",
+            "(when it saves checkpoints) and stopped. A Tinker model saved its state and ended",
+            "Top up (veri billing top-up AMOUNT), then resume from the newest checkpoint (a "
+            "Tinker model: `load_state` the path its end's message names).",
         ),
         # A deployment's replicas (serving): attributed as jobs' faults are.
         JobError(
@@ -245,6 +246,31 @@ CATALOG: dict[str, JobError] = {
             "The serving process could not load the base model or one of the adapters",
             "Check that every adapter was trained on the deployment's base model, then "
             "create the deployment again.",
+        ),
+        # A Tinker model's (tinker_api): how its worker ended, and what its uptime costs.
+        JobError(
+            "worker_lost",
+            P,
+            Billing.REFUND,
+            "The Tinker model's machine or worker process stopped, not by the client; its "
+            "uptime since the last save is credited",
+            "Create a training client from the newest saved state (`load_state`) and go on.",
+        ),
+        JobError(
+            "session_ended",
+            C,
+            Billing.CHARGE,
+            "The Tinker session ended (no heartbeat for VERI_TINKER_SESSION_TIMEOUT_SECONDS, "
+            "or the client closed it); each model's state was saved first",
+            "Start a new ServiceClient and load the saved state its message names.",
+        ),
+        JobError(
+            "budget_exhausted",
+            C,
+            Billing.CHARGE,
+            "The Tinker session's uptime reached its budget cap (`veri_max_cost_usd`); each "
+            "model saved its state and ended. Charged up to the cap, never past it",
+            "Start a new session with a higher `veri_max_cost_usd` and load the saved state.",
         ),
     )
 }
@@ -301,4 +327,6 @@ CONTROL_PLANE_CODES = {
 }
 # A deployment's codes: never a training job's end.
 DEPLOYMENT_CODES = {"replica_start_timeout", "replica_failed", "model_load_error"}
-WORKER_CODES = sorted(set(CATALOG) - CONTROL_PLANE_CODES - DEPLOYMENT_CODES)
+# A Tinker model's codes (tinker_api decides them): never a training job's end either.
+TINKER_CODES = {"worker_lost", "session_ended", "budget_exhausted"}
+WORKER_CODES = sorted(set(CATALOG) - CONTROL_PLANE_CODES - DEPLOYMENT_CODES - TINKER_CODES)

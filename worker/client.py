@@ -272,3 +272,17 @@ class Shipper:
             except ControlPlaneError:
                 return
             time.sleep(1)
+
+
+def heartbeat(api: ControlPlane, heard: float, silent_seconds: float) -> float | None:
+    """One heartbeat: when the control plane was last heard from, or None once this replica is
+    over: stopped (its token died with it), or unheard for as long as the control plane waits
+    before failing a silent replica (it routes nothing here by then; a control plane that went
+    away leaves no serving process behind)."""
+    try:
+        api.call("POST", "/heartbeat", attempts=3)
+    except ControlPlaneError as exc:
+        if exc.status in (401, 403, 404):
+            return None
+        return heard if time.monotonic() - heard < silent_seconds else None
+    return time.monotonic()

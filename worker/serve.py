@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from worker.client import ControlPlane, ControlPlaneError, download
+from worker.client import ControlPlane, download, heartbeat
 from worker.openai_requests import BadRequest, Generation, parse
 
 MAX_BODY_BYTES = 4 * 1024**2
@@ -465,6 +465,7 @@ def serve(
             tensor_parallel_size=tensor_parallel_size,
             max_loras=max_loras,
             heartbeat_seconds=period,
+            silent_seconds=float(spec.get("silent_seconds") or 120),
         )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(model, key))
     server.daemon_threads = True
@@ -472,11 +473,9 @@ def serve(
     host, port = server.server_address[:2]
     api.call("POST", "/ready", json={"url": f"http://{host}:{port}"})
     print(f"[veri] serving {sorted(model.models)} on http://{host}:{port}", flush=True)
-    while True:
+    heard, silent = time.monotonic(), float(spec.get("silent_seconds") or 120)
+    while heard is not None:
         time.sleep(period)
-        try:
-            api.call("POST", "/heartbeat", attempts=3)
-        except ControlPlaneError as exc:
-            if exc.status in (401, 403, 404):  # the replica stopped: its token died with it
-                server.shutdown()
-                return 0
+        heard = heartbeat(api, heard, silent)
+    server.shutdown()
+    return 0

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from worker.client import ControlPlane, ControlPlaneError
+from worker.client import ControlPlane, ControlPlaneError, heartbeat
 
 # vLLM's choices for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks): the smallest that holds
 # every adapter's rank is taken.
@@ -152,6 +152,7 @@ def run(
     tensor_parallel_size: int,
     max_loras: int,
     heartbeat_seconds: float,
+    silent_seconds: float,
 ) -> int:
     if shutil.which("vllm") is None:  # the bootstrap's install went missing: not the customer's
         _report(
@@ -193,7 +194,8 @@ def run(
     reader.start()
     url, ready = f"http://127.0.0.1:{port}", False
     next_ready = time.monotonic()
-    next_beat = time.monotonic() + heartbeat_seconds
+    heard = time.monotonic()
+    next_beat = heard + heartbeat_seconds
     try:
         while True:
             status = child.poll()
@@ -217,11 +219,8 @@ def run(
                     print(f"[veri] ready report refused, asking again: {exc}", flush=True)
                     next_ready = time.monotonic() + READY_RETRY_SECONDS
             if time.monotonic() >= next_beat:  # also while loading: a stopped replica ends it
-                try:
-                    if not _report(api, "/heartbeat", {}):
-                        return 0
-                except ControlPlaneError:  # the control plane's trouble: the next beat tells
-                    pass
+                if (heard := heartbeat(api, heard, silent_seconds)) is None:
+                    return 0
                 next_beat = time.monotonic() + heartbeat_seconds
             time.sleep(POLL_SECONDS)
     finally:

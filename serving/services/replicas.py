@@ -209,6 +209,8 @@ def replica_spec(*, replica: Replica) -> dict:
             if a["checkpoint_id"] in checkpoints
         ],
         "heartbeat_interval_seconds": settings.VERI_REPLICA_HEARTBEAT_SECONDS,
+        # Unheard this long, the replica ends itself: the control plane has failed it by then.
+        "silent_seconds": settings.VERI_REPLICA_SILENT_SECONDS,
     }
 
 

@@ -56,6 +56,9 @@ EXPECTED = {
     "replica_start_timeout": (False, None),
     "replica_failed": (True, "credited"),
     "model_load_error": (True, None),
+    "worker_lost": (True, "credited"),
+    "session_ended": (True, None),
+    "budget_exhausted": (True, None),
 }
 
 

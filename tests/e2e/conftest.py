@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 from providers.local import LocalProvider
 from providers.models import Instance
@@ -25,7 +26,7 @@ def qcluster(transactional_db, settings):
     watchdog ticks every second (a test may say otherwise): a queued job waits for a tick to be
     launched, and stopping the cluster waits for the tick in progress, so the default 5 s would
     add seconds to every job and every teardown."""
-    processes = []
+    processes, folders = [], set()
 
     def start(**extra_env) -> subprocess.Popen:
         env = {
@@ -36,6 +37,8 @@ def qcluster(transactional_db, settings):
             "VERI_WATCH_PERIOD_SECONDS": "1",
             **extra_env,
         }
+        if "VERI_LOCAL_INSTANCES_DIR" in extra_env:  # the test's own: nothing else runs there
+            folders.add(extra_env["VERI_LOCAL_INSTANCES_DIR"])
         if settings.AWS_ENDPOINT_URL:
             env["AWS_ENDPOINT_URL"] = settings.AWS_ENDPOINT_URL
         process = subprocess.Popen(
@@ -50,10 +53,15 @@ def qcluster(transactional_db, settings):
         return process
 
     yield start
-    # Local instances outlive a failed test's cluster (own sessions): stop any left running.
+    # Local machines outlive the test's cluster (own sessions): a failed job's, and every
+    # deployment's replica and Tinker model the test left running. Stop them all.
     for instance in Instance.objects.filter(provider="local", terminated_at__isnull=True):
         if instance.external_id:
             LocalProvider().terminate(instance.external_id)
+    for folder in folders:
+        with override_settings(VERI_LOCAL_INSTANCES_DIR=folder):
+            for machine in LocalProvider().tagged_instances():
+                LocalProvider().terminate(machine)
     for process in processes:
         process.terminate()  # the cluster stops its workers itself; signalling them too stalls it
         try:

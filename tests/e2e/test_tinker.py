@@ -5,16 +5,19 @@ volume. A supervised loop of 20 forward_backward + optim_step steps lowers the l
 error the client raises."""
 
 import re
+from datetime import timedelta
 
 import pytest
 import tinker
 from tinker import types
 from transformers import AutoTokenizer
 
+from billing.models import LedgerEntry
 from providers.local import LocalProvider
-from tests.conftest import REPO, fill_volume, run_python
+from tests.conftest import REPO, fill_volume, run_python, wait_for
 from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
-from tinker_api.models import ModelStatus, TinkerModel
+from tinker_api import tasks
+from tinker_api.models import ModelStatus, TinkerModel, TinkerSession
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
@@ -22,7 +25,7 @@ LINES = ["the cat sat on the mat.", "a plum is a fruit.", "apples are red or gre
 
 
 @pytest.fixture
-def tinker_key(api_client) -> str:
+def tinker_key(api_client, billed) -> str:
     response = api_client.post("/v1/tinker/keys", {"name": "e2e"}, format="json")
     assert response.status_code == 201, response.json()
     return response.json()["key"]
@@ -131,6 +134,96 @@ def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     lost.refresh_from_db()
     assert (lost.status, lost.error_code) == (ModelStatus.FAILED, "worker_lost")
     assert TinkerModel.objects.get(model_id=first.model_id).status == ModelStatus.READY
+    # It never saved: its whole uptime, charged, is credited back (the catalog credits it).
+    credit = LedgerEntry.objects.get(idempotency_key=f"tinker_lost:{lost.model_id}")
+    assert (credit.kind, credit.amount_micros) == ("refund_credit", lost.charged_micros)
+    assert lost.charged_micros > 0
+
+
+def ended_saved(model_id: str) -> str:
+    """The path of the state a model saved before it ended (its end's message names it)."""
+    model = wait_for(
+        lambda: TinkerModel.objects.filter(model_id=model_id, status=ModelStatus.ENDED).first(),
+        timeout=300,
+        what="the model to save and end",
+    )
+    assert "Its state is saved as tinker://" in model.error_message, model.error_message
+    return model.error_message.split("Its state is saved as ")[1].rstrip(".")
+
+
+def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_client(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    tiny_model,
+    stop_models,
+    settings,
+):
+    platform()
+    settings.VERI_TINKER_CHARGE_SECONDS = 0
+    # 0.0003 USD: 10.8 s of the local provider's 0.10 USD an hour.
+    capped = {"veri_max_cost_usd": "0.0003"}
+    service = tinker.ServiceClient(
+        base_url=live_server.url, api_key=tinker_key, user_metadata=capped
+    )
+    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    data = supervised(AutoTokenizer.from_pretrained(tiny_model))
+    expected = losses_of(training, data, 2)[-1]
+
+    def capped_now():
+        tasks.sweep_models()
+        return TinkerModel.objects.get(model_id=training.model_id).status != ModelStatus.READY
+
+    wait_for(capped_now, timeout=120, what="the session's budget cap")
+    path = ended_saved(training.model_id)
+    model = TinkerModel.objects.get(model_id=training.model_id)
+    assert model.error_code == "budget_exhausted"
+    charged = LedgerEntry.objects.filter(workspace=model.workspace, kind="tinker_charge")
+    assert -sum(charged.values_list("amount_micros", flat=True)) == 300 == model.charged_micros
+    with pytest.raises(tinker.BadRequestError, match="budget cap"):
+        training.forward(data, "cross_entropy").result()
+    with pytest.raises(tinker.BillingError, match="budget cap"):
+        service.create_lora_training_client(base_model=TINY, rank=8).result()
+
+    # A new session (its own budget) loads the saved state: the same loss.
+    resumed = (
+        tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+        .create_training_client_from_state(path)
+        .result()
+    )
+    loss = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_an_idle_session_saves_each_models_state_before_it_ends(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    tiny_model,
+    stop_models,
+):
+    platform()
+    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    data = supervised(AutoTokenizer.from_pretrained(tiny_model))
+    expected = losses_of(training, data, 2)[-1]
+
+    # The client is gone (no heartbeat for an hour): the periodic sweep ends its session.
+    session = TinkerModel.objects.get(model_id=training.model_id).session
+    TinkerSession.objects.filter(pk=session.pk).update(
+        last_heartbeat_at=session.last_heartbeat_at - timedelta(hours=1)
+    )
+    tasks.sweep_models()
+    path = ended_saved(training.model_id)
+    assert TinkerModel.objects.get(model_id=training.model_id).error_code == "session_ended"
+
+    resumed = (
+        tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+        .create_training_client_from_state(path)
+        .result()
+    )
+    loss = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert loss == pytest.approx(expected, rel=1e-5)
 
 
 def test_the_rl_example_raises_the_mean_reward(

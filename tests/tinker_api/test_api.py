@@ -41,7 +41,7 @@ def tinker_client(workspace) -> APIClient:
 
 
 @pytest.fixture
-def tk(workspace) -> APIClient:
+def tk(workspace, billed) -> APIClient:
     fill_volume(workspace, "models", {"tiny/config.json": b"{}", "tiny/model.bin": b"x"})
     return tinker_client(workspace)
 
@@ -126,7 +126,7 @@ def test_no_key_or_an_unknown_one_is_401():
 
 @pytest.mark.parametrize(
     "path",
-    ["unload_model", "training_runs/x/checkpoints"],
+    ["unload_model", "training_runs/x/checkpoints/weights/y/publish"],
 )
 def test_what_is_not_supported_yet_is_a_400_that_says_so(tk, path):
     error = assert_error(tk.post(f"/api/v1/{path}", {}, format="json"), 400, "unsupported")
@@ -234,7 +234,7 @@ def test_another_workspaces_checkpoint_is_not_found(tk):
     assert tk.post("/api/v1/load_weights", mine, format="json").status_code == 200
 
 
-def test_models_on_a_rented_gpu_are_refused_at_startup_while_unbilled(settings):
+def test_models_on_a_rented_gpu_are_refused_at_startup_without_a_bootstrap(settings):
     settings.VERI_TINKER_PROVIDER = "aws"
     with pytest.raises(SystemCheckError, match="tinker_api.E001"):
         call_command("check")

@@ -3,6 +3,7 @@ the workspace's `tinker/<checkpoint>/` folder (presigned PUTs), addressed by the
 `tinker://<model_id>/weights/<name>`, and loaded back by any model of the workspace."""
 
 import re
+import tarfile
 
 from django.conf import settings
 
@@ -109,3 +110,50 @@ def complete(*, operation: TinkerOperation, files: list[dict]) -> dict:
     checkpoint.files = [{"path": f["path"], "size": int(f["size"])} for f in files]
     checkpoint.save(update_fields=["files"])
     return {"type": "save_weights", "path": tinker_path(checkpoint)}
+
+
+ARCHIVE_PREFIX = "adapter_"  # PEFT's files (adapter_config.json, adapter_model.safetensors)
+
+
+def _archive_key(checkpoint: TinkerCheckpoint) -> str:
+    # Beside the checkpoint's folder, not in it: a save's upload URLs cannot reach it.
+    return keys.workspace_prefix(checkpoint.workspace.public_id).key(
+        f"tinker/{checkpoint.public_id}.tar"
+    )
+
+
+def _tar(store, checkpoint: TinkerCheckpoint):
+    """The adapter's files as one tar stream, `<name>/adapter_…`: a folder PEFT loads."""
+    prefix = _prefix(checkpoint)
+    for file in checkpoint.files:
+        if not file["path"].startswith(ARCHIVE_PREFIX):
+            continue  # the optimizer's state is for load_state, not for an adapter
+        key = prefix.key(file["path"])
+        stored = store.head(key)
+        if stored is None:
+            raise NotFound(f"{tinker_path(checkpoint)} lost its file {file['path']}.")
+        info = tarfile.TarInfo(f"{checkpoint.name}/{file['path']}")
+        info.size, info.mode = stored.size, 0o644
+        info.mtime = int(checkpoint.created_at.timestamp())
+        yield info.tobuf(format=tarfile.PAX_FORMAT)
+        yield from store.iter_bytes(key)
+        yield b"\0" * (-stored.size % tarfile.BLOCKSIZE)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def archive_url(checkpoint: TinkerCheckpoint) -> str:
+    """A short-lived download URL of the checkpoint's LoRA adapter as a tar archive, written to
+    the store the first time it is asked for (a checkpoint never changes once saved)."""
+    key = _archive_key(checkpoint)
+    store = store_for(keys.workspace_prefix(checkpoint.workspace.public_id))
+    if store.head(key) is None:
+        store.put_stream(key, _tar(store, checkpoint))
+    return store.presign_get(key, expires=settings.VERI_PRESIGN_TTL_SECONDS)
+
+
+def delete(checkpoint: TinkerCheckpoint) -> None:
+    """The checkpoint, its files and its archive: `tinker://…` no longer resolves to it."""
+    store = store_for(keys.workspace_prefix(checkpoint.workspace.public_id))
+    store.delete_prefix(_prefix(checkpoint))
+    store.delete([_archive_key(checkpoint)])
+    checkpoint.delete()

@@ -121,6 +121,8 @@ def finish_operation(
             TinkerModel.objects.filter(pk=model.pk, status=ModelStatus.STARTING).update(
                 status=ModelStatus.READY, ready_at=timezone.now()
             )
+    if operation.payload.get("then_end"):  # the save before an end the client did not ask for
+        sessions.finish_saving(model=model, saved=ok)
 
 
 def report_failure(*, model: TinkerModel, code: str, message: str) -> None:
