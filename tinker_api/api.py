@@ -342,7 +342,7 @@ class CreateSamplingSessionView(TinkerView):
         session_id = serializers.CharField(max_length=40)
         model_path = serializers.CharField(max_length=300, required=False, allow_null=True)
         base_model = serializers.CharField(max_length=300, required=False, allow_null=True)
-        sampling_session_seq_id = serializers.IntegerField(min_value=0, max_value=10_000)
+        sampling_session_seq_id = serializers.IntegerField(min_value=0, max_value=10_000, default=0)
 
     def post(self, request: Request) -> Response:
         data = self.validated(self.Input, request.data)
