@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from tinker_api import selectors, wire
 from tinker_api.models import ModelStatus, OpKind, OpStatus, TinkerKey
-from tinker_api.services import base_models, checkpoints, keys, sessions, usage
+from tinker_api.services import base_models, checkpoints, keys, sampling, sessions, usage
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
@@ -112,7 +112,7 @@ class CapabilitiesView(TinkerView):
         return Response(
             {
                 "supported_models": [
-                    {"model_name": name, "trainable": True, "sampleable": False} for name in names
+                    {"model_name": name, "trainable": True, "sampleable": True} for name in names
                 ]
             }
         )
@@ -319,6 +319,123 @@ class LoadWeightsView(TinkerView):
         return _future(operation)
 
 
+class SaveWeightsForSamplerView(TinkerView):
+    """`path` (a name): a sampler checkpoint; none: a sampler of these weights
+    (`save_weights_and_get_sampling_client`)."""
+
+    class Input(serializers.Serializer):
+        model_id = serializers.CharField(max_length=80)
+        seq_id = serializers.IntegerField(min_value=1)
+        path = serializers.CharField(max_length=100, required=False, allow_null=True)
+
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.Input, request.data)
+        model = self.model(data["model_id"])
+        operation = sampling.save_for_sampler(
+            model=model, seq_id=data["seq_id"], name=data.get("path")
+        )
+        return _future(operation)
+
+
+class CreateSamplingSessionView(TinkerView):
+    class Input(serializers.Serializer):
+        session_id = serializers.CharField(max_length=40)
+        model_path = serializers.CharField(max_length=300, required=False, allow_null=True)
+        base_model = serializers.CharField(max_length=300, required=False, allow_null=True)
+        sampling_session_seq_id = serializers.IntegerField(min_value=0, max_value=10_000, default=0)
+
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.Input, request.data)
+        session = selectors.get_session(workspace=self.workspace, session_id=data["session_id"])
+        if data.get("model_path"):
+            save = sampling.resolve_path(workspace=self.workspace, path=data["model_path"])
+            sampler = sampling.sampler_id(save)
+        elif data.get("base_model"):
+            sampler = sampling.base_sampler(
+                session=session,
+                base_model=data["base_model"],
+                sampling_seq_id=data["sampling_session_seq_id"],
+            )
+        else:
+            raise VeriError("Send model_path or base_model.", field="model_path")
+        return Response({"type": "create_sampling_session", "sampling_session_id": sampler})
+
+
+class SamplerView(TinkerView):
+    def get(self, request: Request, sampler_id: str) -> Response:
+        save = sampling.get_sampler(workspace=self.workspace, sampler=sampler_id)
+        path = sampling.sampler_path(save) if save.payload.get("name") else None
+        return Response(
+            {"sampler_id": sampler_id, "base_model": save.model.base_model, "model_path": path}
+        )
+
+
+class SamplingParamsIn(serializers.Serializer):
+    max_tokens = serializers.IntegerField(
+        min_value=1, max_value=sampling.MAX_TOKENS, allow_null=True, default=16
+    )
+    seed = serializers.IntegerField(required=False, allow_null=True)
+    stop = serializers.JSONField(required=False, allow_null=True)
+    temperature = serializers.FloatField(min_value=0, max_value=100, default=1.0)
+    top_k = serializers.IntegerField(min_value=-1, default=-1)
+    top_p = serializers.FloatField(min_value=0, max_value=1, default=1.0)
+
+    def validate_stop(self, stop):
+        if stop is None or isinstance(stop, str):
+            return stop
+        if isinstance(stop, list) and len(stop) <= 16:
+            if all(isinstance(s, str) and s for s in stop):
+                return stop
+            if all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stop):
+                return stop
+        raise serializers.ValidationError("stop is a string, strings or token ids (up to 16).")
+
+
+class AsampleView(TinkerView):
+    class Input(serializers.Serializer):
+        sampling_session_id = serializers.CharField(max_length=120)
+        seq_id = serializers.IntegerField(min_value=0)
+        num_samples = serializers.IntegerField(
+            min_value=1, max_value=sampling.MAX_SAMPLES, default=1
+        )
+        prompt = serializers.DictField()
+        sampling_params = SamplingParamsIn()
+        prompt_logprobs = serializers.BooleanField(required=False, allow_null=True)
+        topk_prompt_logprobs = serializers.IntegerField(default=0)
+        topk_sample_logprobs = serializers.IntegerField(default=0)
+        prompt_alt_tokens_k = serializers.IntegerField(default=0)
+        target_prompt_logprobs = serializers.DictField(required=False, allow_null=True)
+
+    def post(self, request: Request) -> Response:
+        data = self.validated(self.Input, request.data)
+        asked = [
+            name for name in ("prompt_logprobs", "target_prompt_logprobs") if data.get(name)
+        ] + [
+            name
+            for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
+            if data[name]
+        ]
+        if asked:
+            raise Unsupported(f"Sampling with {', '.join(asked)} is not supported yet.")
+        params = dict(data["sampling_params"])
+        params["max_tokens"] = params["max_tokens"] or 16
+        payload = {
+            "tokens": wire.prompt_tokens(data["prompt"]),
+            "num_samples": data["num_samples"],
+            "sampling_params": params,
+        }
+        save = sampling.get_sampler(workspace=self.workspace, sampler=data["sampling_session_id"])
+        operation = sampling.sample(save=save, payload=payload)
+        ids = [f"{operation.request_id}:{index}" for index in range(data["num_samples"])]
+        return Response(
+            {
+                "request_id": operation.request_id,
+                "model_id": save.model.model_id,
+                "sample_sequence_ids": ids,
+            }
+        )
+
+
 class RetrieveFutureView(TinkerView):
     class Input(serializers.Serializer):
         request_id = serializers.CharField(max_length=40)
@@ -340,6 +457,11 @@ class RetrieveFutureView(TinkerView):
         if operation.kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
             body = wire.encode_forward_backward_output(operation.result)
             return HttpResponse(body, content_type=PROTOBUF)
+        if operation.kind == OpKind.SAMPLE:
+            body = wire.encode_sample_response(operation.result)
+            return HttpResponse(body, content_type=PROTOBUF)
+        if operation.kind == OpKind.SAVE_FOR_SAMPLER:
+            return Response(sampling.saved_answer(operation))
         model_id = operation.model.model_id
         load = operation.payload.get("load") if operation.kind == OpKind.CREATE else None
         if operation.kind == OpKind.LOAD_WEIGHTS or load:

@@ -98,6 +98,8 @@ class OpKind(models.TextChoices):
     OPTIM_STEP = "optim_step"
     SAVE_WEIGHTS = "save_weights"
     LOAD_WEIGHTS = "load_weights"
+    SAVE_FOR_SAMPLER = "save_weights_for_sampler"  # the weights its samplers sample with
+    SAMPLE = "sample"  # not in the client's order: seq_id is its sampler's save
 
 
 class OpStatus(models.TextChoices):
@@ -110,7 +112,8 @@ class OpStatus(models.TextChoices):
 class TinkerOperation(models.Model):
     """One request of a model, run by its worker in `seq_id` order (the client numbers them; a
     retried request with the same number is the same operation). Its `request_id` is the
-    client's future."""
+    client's future. A sample is numbered by its sampling client, not the model: its `seq_id` is
+    the `save_weights_for_sampler` whose weights it uses, and it runs once that one has."""
 
     model = models.ForeignKey(TinkerModel, on_delete=models.CASCADE, related_name="operations")
     request_id = public_id_field("treq")
@@ -127,7 +130,11 @@ class TinkerOperation(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["model", "seq_id"], name="one_operation_per_seq")
+            models.UniqueConstraint(
+                fields=["model", "seq_id"],
+                condition=~models.Q(kind="sample"),
+                name="one_operation_per_seq",
+            )
         ]
 
     def __str__(self) -> str:

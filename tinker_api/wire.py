@@ -121,6 +121,23 @@ def _datum(buf: bytes) -> dict:
     return {"tokens": tokens, "inputs": inputs}
 
 
+def prompt_tokens(prompt: dict) -> list[int]:
+    """A JSON `ModelInput` (`asample`'s prompt): its encoded text chunks' tokens, in order."""
+    tokens = []
+    for chunk in prompt.get("chunks") or []:
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
+            raise WireError("Only encoded text chunks are supported; images and audio are not.")
+        ids = chunk.get("tokens")
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in ids
+        ):
+            raise WireError("A chunk's tokens are non-negative integers.", field="prompt")
+        tokens += ids
+    if not tokens:
+        raise WireError("The prompt has no tokens.", field="prompt")
+    return tokens
+
+
 def decode_forward_backward(body: bytes) -> dict:
     """`{model_id, seq_id, loss_fn, loss_fn_config, forward_only, data: [{tokens, inputs}]}`."""
     out = {"model_id": "", "seq_id": 0, "loss_fn": "", "loss_fn_config": {}, "data": []}
@@ -208,4 +225,22 @@ def encode_forward_backward_output(result: dict) -> bytes:
     for name, value in result["metrics"].items():
         entry = _length_delimited(1, name.encode()) + _key(2, 1) + struct.pack("<d", value)
         body += _length_delimited(3, entry)
+    return body
+
+
+STOP_REASONS = {"stop": 0, "length": 1}
+
+
+def encode_sample_response(result: dict) -> bytes:
+    """A `SampleResponse` of `{sequences: [{tokens, logprobs, stop_reason}]}` (the SDK reads
+    sampling results as protobuf only): int32 tokens and float32 logprobs as packed bytes."""
+    body = b""
+    for sequence in result["sequences"]:
+        tokens, logprobs = sequence["tokens"], sequence["logprobs"]
+        if len(tokens) != len(logprobs):
+            raise ValueError("a sequence has one logprob per token")
+        entry = _key(1, 0) + _varint_bytes(STOP_REASONS[sequence["stop_reason"]])
+        entry += _length_delimited(2, array("i", tokens).tobytes())
+        entry += _length_delimited(3, array("f", logprobs).tobytes())
+        body += _length_delimited(1, entry)
     return body

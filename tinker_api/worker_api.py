@@ -118,7 +118,7 @@ class ResultView(ModelWorkerView):
 def _check_result(kind: str, result: dict | None) -> None:
     """A result the client can read: forward outputs that encode, numeric metrics, a save's
     files."""
-    if kind in (OpKind.CREATE, OpKind.LOAD_WEIGHTS):
+    if kind in (OpKind.CREATE, OpKind.LOAD_WEIGHTS, OpKind.SAVE_FOR_SAMPLER):
         return
     if not isinstance(result, dict):
         raise VeriError("A result is an object.", field="result")
@@ -132,6 +132,12 @@ def _check_result(kind: str, result: dict | None) -> None:
         isinstance(k, str) and isinstance(v, int | float) for k, v in metrics.items()
     ):
         raise VeriError("metrics maps names to numbers.", field="result")
+    if kind == OpKind.SAMPLE:
+        try:
+            wire.encode_sample_response(result)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise VeriError(f"The samples do not encode: {exc}", field="result") from exc
+        return
     if kind in (OpKind.FORWARD, OpKind.FORWARD_BACKWARD):
         try:
             wire.encode_forward_backward_output(result)

@@ -31,14 +31,60 @@ MAX_BODY_BYTES = 4 * 1024**2
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
+def generate(
+    model,
+    ids: list[int],
+    *,
+    max_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    seed: int | None = None,
+    stop_tokens: set[int] = frozenset(),
+    top_logprobs: int = 0,
+) -> Iterator[tuple[int, float, list]]:
+    """(token, its logprob, the top logprobs) one at a time after the prompt `ids`: greedy at
+    temperature 0, else sampled with temperature, top_k and top_p from a generator seeded by
+    `seed`, so a seeded call repeats. The logprob is the model's own (before temperature), as a
+    forward pass scores the token. A token of `stop_tokens` is yielded, then generation stops.
+    Shared by this server and the Tinker worker's sampling (worker/tinker_model.py)."""
+    import torch
+
+    generator = None if seed is None else torch.Generator().manual_seed(seed % 2**63)
+    past, step = None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            out = model(input_ids=step, cache=past, use_cache=True)
+            past = out.cache
+            logits = out.logits[0, -1].float()
+            logprobs = torch.log_softmax(logits, -1)
+            if temperature == 0:
+                token = int(torch.argmax(logits))
+            else:
+                probs = torch.softmax(logits / temperature, -1)
+                if 0 < top_k < probs.numel():
+                    probs[probs < torch.topk(probs, top_k).values[-1]] = 0
+                if top_p < 1:
+                    ordered, order = torch.sort(probs, descending=True)
+                    outside = torch.cumsum(ordered, 0) - ordered > top_p
+                    probs[order[outside]] = 0
+                token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+            top = []
+            if top_logprobs:
+                values, indices = torch.topk(logprobs, top_logprobs)
+                top = list(zip(indices.tolist(), values.tolist(), strict=True))
+            yield token, float(logprobs[token]), top
+            if token in stop_tokens:
+                return
+            step = torch.tensor([[token]])
+
+
 class Engine:
     """The base model with every adapter loaded (PEFT), routed by the name a request gives."""
 
     def __init__(self, base_path: Path, adapters: dict[str, Path], base_name: str):
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(base_path)
         model = AutoModelForCausalLM.from_pretrained(base_path)
         # PEFT names adapters as module keys: ours are a0, a1, …, mapped from the served names.
@@ -93,38 +139,21 @@ class Engine:
     def tokens(
         self, request: Generation, ids: list[int], index: int
     ) -> Iterator[tuple[int, float, list]]:
-        """(token, its logprob, the top logprobs) one at a time: greedy at temperature 0, else
-        sampled with temperature and top_p from a generator seeded by `seed` (+ the choice's
-        index), so a seeded request repeats. Caller holds the lock."""
-        torch = self.torch
-        generator = None
-        if request.seed is not None:
-            generator = torch.Generator().manual_seed((request.seed + index) % 2**63)
+        """(token, its logprob, the top logprobs) one at a time (see `generate`), the choice's
+        index added to the seed so that each choice differs. Caller holds the lock."""
+        seed = None if request.seed is None else request.seed + index
         eos = self.tokenizer.eos_token_id
-        past, step = None, torch.tensor([ids])
-        with torch.no_grad(), self._adapter(request.model):
-            for _ in range(request.max_tokens):
-                out = self.model(input_ids=step, cache=past, use_cache=True)
-                past = out.cache
-                logits = out.logits[0, -1].float()
-                logprobs = torch.log_softmax(logits, -1)
-                if request.temperature == 0:
-                    token = int(torch.argmax(logits))
-                else:
-                    probs = torch.softmax(logits / request.temperature, -1)
-                    if request.top_p < 1:
-                        ordered, order = torch.sort(probs, descending=True)
-                        outside = torch.cumsum(ordered, 0) - ordered > request.top_p
-                        probs[order[outside]] = 0
-                    token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
-                top = []
-                if request.top_logprobs:
-                    values, indices = torch.topk(logprobs, request.top_logprobs)
-                    top = list(zip(indices.tolist(), values.tolist(), strict=True))
-                yield token, float(logprobs[token]), top
-                if token == eos:
-                    return
-                step = torch.tensor([[token]])
+        with self._adapter(request.model):
+            yield from generate(
+                self.model,
+                ids,
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=seed,
+                stop_tokens=set() if eos is None else {eos},
+                top_logprobs=request.top_logprobs,
+            )
 
     def text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

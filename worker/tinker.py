@@ -74,6 +74,11 @@ def run_operation(api: ControlPlane, model, operation: dict, work: Path) -> dict
         )
     if kind == "optim_step":
         return model.optim_step(payload["adam_params"])
+    if kind == "save_weights_for_sampler":
+        model.snapshot(operation["seq_id"])
+        return {}
+    if kind == "sample":  # seq_id: the save_weights_for_sampler whose weights it samples with
+        return model.sample(operation["seq_id"], payload)
     raise LossInputError(f"This worker does not run {kind!r} operations.")
 
 
@@ -118,4 +123,4 @@ def serve_model(*, model_id: str, api_url: str) -> int:
         api.call("POST", f"/operations/{operation['request_id']}", json=body)
         took = time.monotonic() - started
         print(f"[veri] #{operation['seq_id']} {operation['kind']} in {took:.2f}s", flush=True)
-        after = operation["seq_id"]
+        after = max(after, operation["seq_id"])  # a sample runs out of order, behind its save

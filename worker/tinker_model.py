@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from worker.serve import generate
 from worker.tinker_losses import LOSSES, LossInputError, target_logprobs
 
 ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
@@ -61,6 +62,10 @@ class TinkerModel:
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12)
         self.tokens_processed = 0
         self.vocab = model.get_input_embeddings().num_embeddings
+        self.base_path = base_path
+        self.eos = model.config.eos_token_id
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}  # sampler weights, by save seq
+        self._tokenizer = None
 
     def forward_backward(
         self, data: list[dict], loss_fn: str, config: dict, *, backward: bool = True
@@ -113,6 +118,76 @@ class TinkerModel:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"metrics": {"grad_norm:mean": float(norm)}}
+
+    def snapshot(self, seq_id: int) -> None:
+        """The LoRA weights as they are now, kept for the samplers saved at `seq_id` (a
+        `save_weights_for_sampler`): they sample with these while training goes on."""
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.model)
+        self.snapshots[seq_id] = {name: t.detach().clone() for name, t in state.items()}
+
+    def sample(self, seq_id: int, payload: dict) -> dict:
+        """`num_samples` completions of the prompt with the weights snapshotted at `seq_id`:
+        `{sequences: [{tokens, logprobs, stop_reason}]}`, logprobs as a forward pass scores them.
+        `stop` is token ids or strings; absent, the model's end-of-sequence token stops."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        tokens, params = payload["tokens"], payload["sampling_params"]
+        if not tokens or min(tokens) < 0 or max(tokens) >= self.vocab:
+            raise LossInputError(f"The prompt's tokens are 0 to {self.vocab - 1}, at least one.")
+        stop = params.get("stop")
+        stop = [stop] if isinstance(stop, str) else stop
+        stop_tokens = {t for t in stop or () if isinstance(t, int)}
+        stop_texts = [t for t in stop or () if isinstance(t, str)]
+        if stop is None and self.eos is not None:
+            stop_tokens = set(self.eos) if isinstance(self.eos, list) else {self.eos}
+        current = None
+        if seq_id in self.snapshots:
+            current = {
+                n: t.detach().clone() for n, t in get_peft_model_state_dict(self.model).items()
+            }
+            set_peft_model_state_dict(self.model, self.snapshots[seq_id])
+        try:
+            sequences = [
+                self._one(tokens, params, stop_tokens, stop_texts, index)
+                for index in range(int(payload["num_samples"]))
+            ]
+        finally:
+            if current is not None:
+                set_peft_model_state_dict(self.model, current)
+        return {"sequences": sequences}
+
+    def _one(self, prompt, params, stop_tokens, stop_texts, index) -> dict:
+        seed = params.get("seed")
+        out, logprobs, reason = [], [], "length"
+        for token, logprob, _ in generate(
+            self.model,
+            prompt,
+            max_tokens=int(params.get("max_tokens") or 16),
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=int(params.get("top_k", -1)),
+            seed=None if seed is None else int(seed) + index,
+            stop_tokens=stop_tokens,
+        ):
+            out.append(token)
+            logprobs.append(logprob)
+            if token in stop_tokens or (
+                stop_texts and any(t in self.tokenizer.decode(out) for t in stop_texts)
+            ):
+                reason = "stop"
+                break
+        return {"tokens": out, "logprobs": logprobs, "stop_reason": reason}
+
+    @property
+    def tokenizer(self):
+        """The base model's tokenizer, loaded the first time a text stop needs it."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.base_path)
+        return self._tokenizer
 
     def save(self, folder: Path) -> list[Path]:
         """The LoRA (PEFT's adapter files) and the AdamW state, as files in `folder`."""

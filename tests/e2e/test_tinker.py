@@ -1,8 +1,10 @@
 """The official `tinker` SDK, unmodified, trains on Veri: its base URL pointed at a live server
 with a task cluster and the local provider, a Tinker key the API issued, the tiny model in a
-volume. A supervised loop of 20 forward_backward + optim_step steps lowers the loss; what Veri
-does not support yet is an error the client raises."""
+volume. A supervised loop of 20 forward_backward + optim_step steps lowers the loss; an RL loop
+(sample, reward, importance_sampling) raises the reward; what Veri does not support yet is an
+error the client raises."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -12,7 +14,7 @@ from transformers import AutoTokenizer
 
 from billing.models import LedgerEntry
 from providers.local import LocalProvider
-from tests.conftest import wait_for
+from tests.conftest import REPO, fill_volume, run_python, wait_for
 from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
 from tinker_api import tasks
 from tinker_api.models import ModelStatus, TinkerModel, TinkerSession
@@ -77,8 +79,6 @@ def test_a_supervised_loop_lowers_the_loss(
     assert after < losses[-1], (after, losses)
 
     # What Veri does not support yet is an error the client raises, not a hang or a 500.
-    with pytest.raises(tinker.BadRequestError, match="does not support"):
-        service.create_sampling_client(base_model=TINY).result()
     with pytest.raises(tinker.RequestFailedError, match="not supported"):
         training.forward_backward(data, "dro").result()
     model = TinkerModel.objects.get()
@@ -224,3 +224,102 @@ def test_an_idle_session_saves_each_models_state_before_it_ends(
     )
     loss = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
     assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_rl_example_raises_the_mean_reward(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    workspace,
+    tiny_model,
+    stop_models,
+):
+    """examples/tinker_rl.py as written (its base model in demo-data, as make demo leaves it):
+    15 iterations of save_weights_and_get_sampling_client, 8 samples per prompt, a local reward,
+    importance_sampling and optim_step; seeded, so the run repeats."""
+    platform()
+    files = {f"models/tiny-qwen2/{p.name}": p.read_bytes() for p in tiny_model.iterdir()}
+    fill_volume(workspace, "demo-data", files)
+    env = {"TINKER_BASE_URL": live_server.url, "TINKER_API_KEY": tinker_key}
+    result = run_python(
+        str(REPO / "examples" / "tinker_rl.py"), env=env | {"TOKENIZER": str(tiny_model)}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rewards = [float(r) for r in re.findall(r"mean reward ([0-9.]+)", result.stdout)]
+    assert len(rewards) == 15, result.stdout
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.1, rewards
+
+
+def test_sampled_logprobs_are_a_forward_pass_s(
+    platform,  # noqa: F811
+    live_server,
+    tinker_key,
+    tiny_model,
+    stop_models,
+):
+    platform()
+    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    training.forward_backward(supervised(tokenizer), "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=5e-2)).result()  # a LoRA that is not 0
+    sampler = training.save_weights_and_get_sampling_client().result()
+    prompt = tokenizer("the answer is")["input_ids"]
+    params = types.SamplingParams(max_tokens=6, seed=7, stop=[])
+    first = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
+    assert [len(s.tokens) for s in first.sequences] == [6, 6, 6]
+    assert len({tuple(s.tokens) for s in first.sequences}) > 1  # each sample its own draw
+
+    # The sampler's logprob of each token is what a forward pass of the same weights gives it.
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints((prompt + s.tokens)[:-1]),
+            loss_fn_inputs={"target_tokens": (prompt + s.tokens)[1:]},
+        )
+        for s in first.sequences
+    ]
+    forward = training.forward(data, "cross_entropy").result()
+    for sequence, output in zip(first.sequences, forward.loss_fn_outputs, strict=True):
+        scored = output["logprobs"].tolist()[len(prompt) - 1 :]
+        assert sequence.logprobs == pytest.approx(scored, abs=1e-4)
+
+    # The sampler keeps the weights it was saved with while training goes on; a seed repeats.
+    training.forward_backward(supervised(tokenizer), "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    again = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
+    for repeated, original in zip(again.sequences, first.sequences, strict=True):
+        assert repeated.logprobs == pytest.approx(original.logprobs, abs=1e-5)
+
+    # Named sampler weights: a path a new sampling client samples from; a stop token stops.
+    saved = training.save_weights_for_sampler("after-2").result()
+    assert saved.path == f"tinker://{training.model_id}/sampler_weights/after-2"
+    named = service.create_sampling_client(model_path=saved.path).result()
+    greedy = types.SamplingParams(max_tokens=6, temperature=0, stop=[])
+    [free] = named.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences
+    assert free.stop_reason == "length"
+    stop = free.tokens[2]
+    greedy = types.SamplingParams(max_tokens=6, temperature=0, stop=[stop])
+    [stopped] = named.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences
+    assert (stopped.stop_reason, stopped.tokens) == (
+        "stop",
+        free.tokens[: free.tokens.index(stop) + 1],
+    )
+    with pytest.raises(tinker.NotFoundError):
+        service.create_sampling_client(
+            model_path=f"tinker://{training.model_id}/sampler_weights/never"
+        ).result()
+    with pytest.raises(tinker.BadRequestError, match="not supported"):
+        named.sample(types.ModelInput.from_ints(prompt), 1, greedy, topk_sample_logprobs=2).result()
+
+    # A base model's sampler: the base model's own logprobs, as an untrained LoRA's forward.
+    base = service.create_sampling_client(base_model=TINY).result()
+    [drawn] = base.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences
+    fresh = service.create_lora_training_client(base_model=TINY, rank=4).result()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints((prompt + drawn.tokens)[:-1]),
+        loss_fn_inputs={"target_tokens": (prompt + drawn.tokens)[1:]},
+    )
+    [output] = fresh.forward([datum], "cross_entropy").result().loss_fn_outputs
+    assert drawn.logprobs == pytest.approx(output["logprobs"].tolist()[len(prompt) - 1 :], abs=1e-4)

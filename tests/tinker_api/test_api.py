@@ -126,12 +126,7 @@ def test_no_key_or_an_unknown_one_is_401():
 
 @pytest.mark.parametrize(
     "path",
-    [
-        "asample",
-        "create_sampling_session",
-        "unload_model",
-        "training_runs/x/checkpoints/weights/y/publish",
-    ],
+    ["unload_model", "training_runs/x/checkpoints/weights/y/publish"],
 )
 def test_what_is_not_supported_yet_is_a_400_that_says_so(tk, path):
     error = assert_error(tk.post(f"/api/v1/{path}", {}, format="json"), 400, "unsupported")

@@ -337,9 +337,16 @@ def enqueue(*, model: TinkerModel, seq_id: int, kind: str, payload: dict) -> Tin
     client sends after the end's save fails with the end's code."""
     if seq_id < 1:
         raise VeriError("seq_id starts at 1 (0 is the model's creation).", field="seq_id")
-    operation, created = TinkerOperation.objects.get_or_create(
-        model=model, seq_id=seq_id, defaults={"kind": kind, "payload": payload}
-    )
+    if kind == OpKind.SAMPLE:  # many per seq_id: the sampler's save (tinker_api.models)
+        operation, created = (
+            TinkerOperation.objects.create(model=model, seq_id=seq_id, kind=kind, payload=payload),
+            True,
+        )
+    else:
+        ordered = TinkerOperation.objects.exclude(kind=OpKind.SAMPLE)
+        operation, created = ordered.get_or_create(
+            model=model, seq_id=seq_id, defaults={"kind": kind, "payload": payload}
+        )
     if not created and operation.payload.get("then_end"):
         model.refresh_from_db(fields=["error_code", "error_message"])
         raise VeriError(model.error_message, code=model.error_code)

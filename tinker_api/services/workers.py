@@ -65,14 +65,30 @@ def next_operation(*, model: TinkerModel, after: int, wait: float) -> TinkerOper
             raise ModelEnded(f"The model is {model.status}.")
         wanted = TinkerOperation.objects.filter(
             model=model, seq_id=after + 1, status__in=(OpStatus.QUEUED, OpStatus.RUNNING)
-        )
+        ).exclude(kind=OpKind.SAMPLE)
         if wanted.filter(status=OpStatus.QUEUED).update(status=OpStatus.RUNNING) or (
             after == -1 and wanted.exists()  # the creation, again after a worker restart
         ):
             return wanted.get()
+        if sample := _claim_sample(model, after):
+            return sample
         if time.monotonic() >= deadline:
             return None
         time.sleep(settings.VERI_TINKER_POLL_INTERVAL_SECONDS)
+
+
+def _claim_sample(model: TinkerModel, after: int) -> TinkerOperation | None:
+    """A queued sample whose sampler's save the worker has run (its seq_id is at most `after`),
+    marked running; samples run between the ordered operations, oldest first."""
+    samples = TinkerOperation.objects.filter(
+        model=model, kind=OpKind.SAMPLE, status=OpStatus.QUEUED, seq_id__lte=after
+    )
+    for pk in samples.order_by("pk").values_list("pk", flat=True)[:5]:
+        if TinkerOperation.objects.filter(pk=pk, status=OpStatus.QUEUED).update(
+            status=OpStatus.RUNNING
+        ):
+            return TinkerOperation.objects.get(pk=pk)
+    return None
 
 
 class ModelEnded(VeriError):

@@ -1,0 +1,137 @@
+"""Sampling's control plane as the SDK calls it: a sampler is a model's weights saved at a point
+of its order; its samples reach the worker once that save ran, between the ordered operations,
+and their result is the protobuf the SDK reads. Another workspace's sampler is not found."""
+
+import pytest
+from rest_framework.test import APIClient
+from tinker.proto.response_conv import deserialize_sample_response
+
+from tests.conftest import assert_error
+from tests.tinker_api.test_api import (  # noqa: F401 - quick and tk are fixtures
+    new_model,
+    next_op,
+    optim,
+    quick,
+    retrieve,
+    tinker_client,
+    tk,
+    worker,
+)
+from veri import services as veri_services
+
+pytestmark = pytest.mark.django_db
+
+
+def finish(w, operation: dict, result: dict | None = None):
+    body = {"ok": True, "result": result or {}}
+    return w.post(f"{w.base}/operations/{operation['request_id']}", body, format="json")
+
+
+def asample(client: APIClient, sampler: str, **change):
+    body = {
+        "sampling_session_id": sampler,
+        "seq_id": 0,
+        "num_samples": 2,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]},
+        "sampling_params": {"max_tokens": 3, "stop": [], "seed": 1},
+    } | change
+    return client.post("/api/v1/asample", body, format="json")
+
+
+def test_a_sample_runs_with_its_samplers_weights_between_ordered_operations(tk):  # noqa: F811
+    model = new_model(tk)
+    w = worker(model)
+    finish(w, next_op(w, -1).json()["operation"])
+    body = {"model_id": model.model_id, "seq_id": 1, "sampling_session_seq_id": 0}
+    save = tk.post("/api/v1/save_weights_for_sampler", body, format="json").json()
+    sampler = f"{model.model_id}:sample:1"
+    queued = asample(tk, sampler).json()
+    assert queued["sample_sequence_ids"] == [f"{queued['request_id']}:{i}" for i in (0, 1)]
+    optim(tk, model, 2)
+
+    # The save runs first (the sample waits for it), then the sample, then the next step.
+    operation = next_op(w, 0).json()["operation"]
+    assert (operation["kind"], operation["request_id"]) == (
+        "save_weights_for_sampler",
+        save["request_id"],
+    )
+    finish(w, operation)
+    assert retrieve(tk, save["request_id"]).json() == {
+        "type": "save_weights_for_sampler",
+        "sampling_session_id": sampler,
+    }
+    step = next_op(w, 1).json()["operation"]
+    assert step["kind"] == "optim_step"  # the ordered operation comes first when both wait
+    finish(w, step, {"metrics": {}})
+    sample = next_op(w, 2).json()["operation"]
+    assert (sample["kind"], sample["seq_id"]) == ("sample", 1)
+    assert sample["payload"] == {
+        "tokens": [5, 6],
+        "num_samples": 2,
+        "sampling_params": {
+            "max_tokens": 3,
+            "seed": 1,
+            "stop": [],
+            "temperature": 1.0,
+            "top_k": -1,
+            "top_p": 1.0,
+        },
+    }
+    bad = {"sequences": [{"tokens": [1, 2], "logprobs": [-1.0], "stop_reason": "length"}]}
+    response = finish(w, sample, bad)
+    assert_error(response, 400, "invalid_request", "result")
+    sequences = [
+        {"tokens": [7, 8, 9], "logprobs": [-0.5, -1.5, -2.5], "stop_reason": "length"},
+        {"tokens": [2], "logprobs": [-0.25], "stop_reason": "stop"},
+    ]
+    finish(w, sample, {"sequences": sequences})
+    answer = retrieve(tk, queued["request_id"])
+    assert answer["Content-Type"] == "application/x-protobuf"
+    decoded = deserialize_sample_response(answer.content)
+    assert [s.tokens for s in decoded.sequences] == [[7, 8, 9], [2]]
+    assert decoded.sequences[0].logprobs == [-0.5, -1.5, -2.5]
+    assert [s.stop_reason for s in decoded.sequences] == ["length", "stop"]
+
+    info = tk.get(f"/api/v1/samplers/{sampler}").json()
+    assert info == {"sampler_id": sampler, "base_model": model.base_model, "model_path": None}
+
+
+def test_a_named_sampler_path_and_another_workspaces_sampler(tk):  # noqa: F811
+    model = new_model(tk)
+    w = worker(model)
+    finish(w, next_op(w, -1).json()["operation"])
+    body = {"model_id": model.model_id, "seq_id": 1, "path": "best"}
+    save = tk.post("/api/v1/save_weights_for_sampler", body, format="json").json()
+    path = f"tinker://{model.model_id}/sampler_weights/best"
+    session = {"session_id": model.session.public_id, "model_path": path}
+    assert_error(
+        tk.post("/api/v1/create_sampling_session", session, format="json"), 404, "not_found"
+    )
+    finish(w, next_op(w, 0).json()["operation"])  # saved: now it can be sampled
+    assert retrieve(tk, save["request_id"]).json()["path"] == path
+    created = tk.post("/api/v1/create_sampling_session", session, format="json").json()
+    assert created["sampling_session_id"] == f"{model.model_id}:sample:1"
+
+    other = tinker_client(veri_services.create_workspace(name="other")[0])
+    assert_error(asample(other, created["sampling_session_id"]), 404, "not_found")
+    assert_error(other.get(f"/api/v1/samplers/{created['sampling_session_id']}"), 404, "not_found")
+    theirs = other.post("/api/v1/create_session", {"tags": []}, format="json").json()
+    body = {"session_id": theirs["session_id"], "model_path": path}
+    assert_error(
+        other.post("/api/v1/create_sampling_session", body, format="json"), 404, "not_found"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"topk_sample_logprobs": 5}, "unsupported"),
+        ({"prompt_logprobs": True}, "unsupported"),
+        ({"num_samples": 0}, "invalid_request"),
+        ({"prompt": {"chunks": [{"type": "image", "data": "x"}]}}, "invalid_request"),
+        ({"sampling_params": {"max_tokens": 3, "stop": [1.5]}}, "invalid_request"),
+    ],
+)
+def test_a_sample_veri_cannot_run_is_refused_at_once(tk, change, code):  # noqa: F811
+    model = new_model(tk)
+    assert_error(asample(tk, f"{model.model_id}:sample:1", **change), 400, code)
