@@ -19,17 +19,13 @@ from billing import selectors as billing_selectors
 from dashboard import progress
 from dashboard.jobs import timeline, workspace_job
 from dashboard.workspaces import or_404, workspace_view
-from openai_api import objects as openai_objects
-from openai_api import selectors as openai_selectors
 from serving import selectors
 from serving.models import Deployment, DeploymentStatus, ReplicaStatus
 from serving.services import deployments as services
 from serving.services import inference, limits
 from training import errors
-from training.models import JobStatus, TrainingJob
 from veri.errors import ServiceUnavailable, VeriError
 
-ADAPTER_FILE = "adapter_config.json"  # a checkpoint with it is a LoRA adapter a replica loads
 # What a playground pane sends on to the model (it always streams); the replica validates them.
 PLAYGROUND_FIELDS = ("messages", "temperature", "max_tokens")
 
@@ -150,26 +146,13 @@ def deployment_delete(request, deployment_id: str):
     return redirect("dashboard:deployments")
 
 
-def deployable_name(job: TrainingJob) -> str | None:
-    """The name a succeeded job's adapter is deployed under: its `ft:` model when the job came
-    through the OpenAI-compatible API (what its clients call), else its final checkpoint's id;
-    None when the job left no adapter to serve."""
-    if job.status != JobStatus.COMPLETED:
-        return None
-    final = job.checkpoints.filter(final=True).first()
-    if final is None or all(f["path"] != ADAPTER_FILE for f in final.files):
-        return None
-    ft = openai_selectors.succeeded_jobs(workspace=job.workspace).filter(job=job).first()
-    return openai_objects.fine_tuned_model(ft) if ft else final.public_id
-
-
 @require_POST
 @workspace_view
 def job_deploy(request, job_id: str):
     """Deploy the job's adapter on the defaults (scale to zero when idle), or go to the
     deployment already serving it."""
     job = workspace_job(request, job_id)
-    name = deployable_name(job)
+    name = services.deployable_name(job)
     try:
         if name is None:
             raise VeriError(f"{job.public_id} has no trained adapter to deploy.")

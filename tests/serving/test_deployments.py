@@ -13,6 +13,10 @@ from serving.models import Deployment, Replica
 from serving.services import replicas, states
 from serving.services.deployments import Shape, create_deployment
 from tests.conftest import assert_error, serve_in_background
+from tests.training.conftest import dataset, submit  # noqa: F401, F811 - shared fixtures
+from tests.training.test_restarts import running
+from tests.training.test_worker_and_jobs_api import upload_checkpoint
+from training.services import jobs as job_services
 from veri.money import usd
 
 pytestmark = pytest.mark.django_db
@@ -93,6 +97,31 @@ def test_create_refuses_what_it_cannot_serve(api_client, other_api_client, bille
     )
     refused({"base_model": BASE, "gpu_type": "TPU9"}, "invalid_request", "gpu_type")
     refused({"base_model": BASE, "provider": "nowhere"}, "invalid_request", "provider")
+    assert not Deployment.objects.exists()
+
+
+def test_a_training_jobs_id_deploys_its_final_adapter(api_client, billed, submit):  # noqa: F811
+    job, worker = running(submit)
+    unfinished = api_client.post("/v1/deployments", {"base_model": job.public_id}, format="json")
+    assert "no trained adapter" in assert_error(unfinished, 400, "model_not_found")["message"]
+    final = upload_checkpoint(worker, job, 10, final=True)
+    job_services.transition_job(job_id=job.pk, to="completed")
+
+    # As `veri deploy JOB_ID` sends it: the job's adapter on its base, not a hub model's name.
+    created = api_client.post("/v1/deployments", {"base_model": job.public_id}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["base_model"] == job.base_model
+    assert created.json()["adapters"] == [{"name": final["id"], "checkpoint_id": final["id"]}]
+
+    unknown = api_client.post("/v1/deployments", {"adapters": ["job_nope"]}, format="json")
+    error = assert_error(unknown, 400, "model_not_found", "adapters.0")
+    assert "not a training job of this workspace" in error["message"]
+
+
+def test_a_base_model_the_provider_cannot_load_is_refused_at_create(api_client, billed):
+    refused = api_client.post("/v1/deployments", {"base_model": "acme/uncached"}, format="json")
+    error = assert_error(refused, 400, "base_model_unavailable", "base_model")
+    assert "HF_HUB_OFFLINE" in error["message"]
     assert not Deployment.objects.exists()
 
 
