@@ -107,21 +107,31 @@ def credit_deployment_uptime(
     )
 
 
-def require_serving_funds(*, workspace: Workspace) -> None:
-    """Serving's hook, before a deployment is created or a request wakes or reaches a replica:
-    402 without an account or with a spent balance (its deployments are stopped meanwhile)."""
+def credit_hint() -> str:
+    """How a workspace gets credit here: a card top-up only where payments are enabled."""
+    if stripe_gateway.payments_enabled():
+        return "Top up (veri billing top-up AMOUNT)"
+    return "Ask an operator for credit (card top-ups are off here)"
+
+
+def require_serving_funds(*, workspace: Workspace, deploying: bool = False) -> None:
+    """Serving's hook, before a deployment starts a replica (`deploying`: created, or given
+    replicas to keep) or a request wakes or reaches one: 402 without an account or with a spent
+    balance (its deployments are stopped meanwhile)."""
     if not BillingAccount.objects.filter(workspace=workspace).exists():
         raise PaymentRequired(
             "This workspace has no billing account; add one before deploying models."
         )
     balance = balance_micros(workspace=workspace)
     if balance <= 0:
-        raise PaymentRequired(
-            f"The balance is {usd(balance)} USD: this workspace's deployments are stopped. "
-            "Top up (veri billing top-up AMOUNT); the next request wakes them.",
-            code="insufficient_balance",
-            balance_usd=usd(balance),
+        message = (
+            f"Deploying needs a positive balance ({usd(balance)} USD now). {credit_hint()}, "
+            "then deploy again."
+            if deploying
+            else f"The balance is {usd(balance)} USD: this workspace's deployments are stopped. "
+            f"{credit_hint()}; the next request wakes them."
         )
+        raise PaymentRequired(message, code="insufficient_balance", balance_usd=usd(balance))
 
 
 def _balances(workspace_ids) -> dict[int, int]:

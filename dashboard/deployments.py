@@ -24,7 +24,7 @@ from serving.models import Deployment, DeploymentStatus, ReplicaStatus
 from serving.services import deployments as services
 from serving.services import inference, limits
 from training import errors
-from veri.errors import ServiceUnavailable, VeriError
+from veri.errors import Conflict, ServiceUnavailable, VeriError
 
 # What a playground pane sends on to the model (it always streams); the replica validates them.
 PLAYGROUND_FIELDS = ("messages", "temperature", "max_tokens")
@@ -156,13 +156,12 @@ def job_deploy(request, job_id: str):
     try:
         if name is None:
             raise VeriError(f"{job.public_id} has no trained adapter to deploy.")
-        existing = selectors.serving(workspace=request.workspace, model=name)
-        if existing is not None and existing.status != DeploymentStatus.FAILED:
-            messages.info(request, f"{name} is already deployed here.")
-            return redirect("dashboard:deployment", deployment_id=existing.public_id)
         deployment = services.create_deployment(
             workspace=request.workspace, base_model=None, adapters=[name], shape=services.Shape()
         )
+    except Conflict as exc:  # `already_deployed`: go to the deployment serving it
+        messages.info(request, f"{name} is already deployed here.")
+        return redirect("dashboard:deployment", deployment_id=exc.extra["deployment_id"])
     except VeriError as exc:
         context = {
             "title": "Not deployed",

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from providers import catalog
 from providers.services import get_adapter, is_usable
-from serving import hooks
+from serving import hooks, selectors
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus
 from serving.services import replicas, states
 from training import hooks as training_hooks
@@ -153,6 +153,20 @@ def _check_base_loadable(base_model: str, provider: str) -> None:
         raise VeriError(problem, field="base_model", code="base_model_unavailable")
 
 
+def _check_not_deployed(workspace: Workspace, names: list[str]) -> None:
+    """A name a live deployment already serves is not deployed twice: both would bill while
+    the router sends its requests to one."""
+    for name in names:
+        existing = selectors.serving(workspace=workspace, model=name)
+        if existing is not None and existing.status != S.FAILED:
+            raise Conflict(
+                f"{name} is already deployed as {existing.public_id}; call it, change that "
+                "deployment, or delete it before deploying again.",
+                code="already_deployed",
+                deployment_id=existing.public_id,
+            )
+
+
 def _pin_base(deployment: Deployment) -> None:
     """A base model in a volume is pinned as it is now, as a job's inputs are: every replica
     loads these files, whatever is uploaded over them later."""
@@ -173,11 +187,13 @@ def create_deployment(
     replica starts at once; it scales to `min_replicas` after `idle_timeout_seconds`."""
     _check_shape(shape)
     provider, gpu_type, region = _placement(shape)
-    hooks.require_funds(workspace=workspace)  # its first replica starts at once
     if base_model and base_model.startswith(JOB_PREFIX):  # a job's id names its adapter
         base_model, adapters = None, [base_model, *adapters]
     base_model, resolved = _adapters(workspace=workspace, base_model=base_model, names=adapters)
     _check_base_loadable(base_model, provider)
+    Workspace.objects.select_for_update().get(pk=workspace.pk)  # one create at a time: no twins
+    _check_not_deployed(workspace, [a["name"] for a in resolved] or [base_model])
+    hooks.require_funds(workspace=workspace, deploying=True)  # its first replica starts now
     deployment = Deployment.objects.create(
         workspace=workspace,
         base_model=base_model,
@@ -223,7 +239,7 @@ def update_deployment(
     deployment.save()
     states.record_event(deployment=deployment, type="updated", detail=fields)
     if deployment.min_replicas and not deployment.replicas.filter(status__in=REPLICA_LIVE):
-        hooks.require_funds(workspace=deployment.workspace)
+        hooks.require_funds(workspace=deployment.workspace, deploying=True)
         replicas.start_replica(deployment=deployment)
         deployment.refresh_from_db()
     return deployment

@@ -41,3 +41,15 @@ def test_deploy_list_get_and_delete(cli, capsys):
 def test_deploying_an_unknown_fine_tune_says_so(cli, capsys):
     code, _, err = cli("deploy", "ft:volume/models/tiny:cli::nope", "--no-wait", capsys=capsys)
     assert code == 1 and "not a fine-tuned model" in err
+
+
+def test_deploying_a_deployed_model_again_uses_the_deployment_serving_it(cli, capsys):
+    code, out, err = cli("deploy", BASE, "--no-wait", "--json", capsys=capsys)
+    assert code == 0, err
+    first = json.loads(out)["id"]
+    code, out, err = cli("deploy", BASE, "--no-wait", "--json", capsys=capsys)
+    assert code == 0, err
+    assert f"{BASE} is already deployed as {first}" in err
+    assert json.loads(out)["id"] == first
+    code, out, _ = cli("deployments", "list", "--json", capsys=capsys)
+    assert [d["id"] for d in json.loads(out)] == [first]  # no twin billing beside it

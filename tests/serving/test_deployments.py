@@ -125,6 +125,18 @@ def test_a_base_model_the_provider_cannot_load_is_refused_at_create(api_client, 
     assert not Deployment.objects.exists()
 
 
+def test_a_name_already_served_is_not_deployed_twice(api_client, billed):
+    first = api_client.post("/v1/deployments", {"base_model": BASE}, format="json").json()
+    again = api_client.post("/v1/deployments", {"base_model": BASE}, format="json")
+    error = assert_error(again, 409, "already_deployed")
+    assert error["deployment_id"] == first["id"] and first["id"] in error["message"]
+    assert Deployment.objects.count() == 1
+    states.transition(deployment_id=Deployment.objects.get().pk, to="failed")
+    # A failed deployment serves nothing: the name deploys again.
+    redeployed = api_client.post("/v1/deployments", {"base_model": BASE}, format="json")
+    assert redeployed.status_code == 201
+
+
 def test_idle_deployments_scale_to_zero_once_whoever_runs_the_task(deployment):
     replica = deployment.replicas.get()
     replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
@@ -334,6 +346,8 @@ def test_a_spent_balance_stops_the_deployment_and_inference_answers_402_until_a_
     assert answer.status_code == 402
     assert answer.json()["error"]["code"] == "insufficient_balance"
     assert answer.json()["error"]["type"] == "insufficient_quota"
+    assert "deployments are stopped" in answer.json()["error"]["message"]
+    assert "ask an operator for credit" in answer.json()["error"]["message"].lower()
     assert not deployment.replicas.filter(status="starting").exists()
     # Topped up, the next request wakes it, its stop reason cleared.
     add_credit(workspace=workspace, amount_micros=5_000_000, reason="top-up", key="top-up")
@@ -343,7 +357,7 @@ def test_a_spent_balance_stops_the_deployment_and_inference_answers_402_until_a_
     assert (deployment.status, deployment.error_code) == ("starting", "")
 
 
-def test_creating_a_deployment_needs_funds(api_client, workspace):
+def test_creating_a_deployment_needs_funds(api_client, workspace, settings):
     body = {"base_model": BASE}
     assert_error(
         api_client.post("/v1/deployments", body, format="json"), 402, "billing_account_required"
@@ -351,9 +365,18 @@ def test_creating_a_deployment_needs_funds(api_client, workspace):
     from billing.services import open_billing_account
 
     open_billing_account(workspace=workspace)
-    assert_error(
+    error = assert_error(
         api_client.post("/v1/deployments", body, format="json"), 402, "insufficient_balance"
     )
+    # No deployment is stopped, and card top-ups are off without Stripe: say what to do.
+    assert error["message"].startswith("Deploying needs a positive balance (0.00 USD now).")
+    assert "operator" in error["message"] and "veri billing top-up" not in error["message"]
+    assert "stopped" not in error["message"]
+    settings.STRIPE_SECRET_KEY = "sk_test_veri"  # payments on: the card top-up is the way
+    error = assert_error(
+        api_client.post("/v1/deployments", body, format="json"), 402, "insufficient_balance"
+    )
+    assert "veri billing top-up AMOUNT" in error["message"]
     assert not Deployment.objects.exists()
 
 
