@@ -66,13 +66,13 @@ def test_the_list_and_a_deployments_page_show_its_state(browser, deployment):
     assert replica.public_id in page and "created" in page and "starting" in page
     assert 'value="60"' in page  # the idle timeout, in the settings form
     assert "/playground/?model=Qwen%2FQwen2.5-0.5B" in page
+    assert "Deployments</a>" in text(browser.get("/jobs/"))  # in the navigation
+    status = browser.get(f"/deployments/{deployment.public_id}/status.json")
+    assert status.json() == {"status": "starting"}  # what its page polls while it starts
     # Ready without a request: the time shown is its ready time, not called a request's.
     replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
     page = text(browser.get(f"/deployments/{deployment.public_id}/"))
     assert "<h3" in page and "Last active</h3>" in page and "Last request" not in page
-    assert "Deployments</a>" in text(browser.get("/jobs/"))  # in the navigation
-    status = browser.get(f"/deployments/{deployment.public_id}/status.json")
-    assert status.json() == {"status": "starting"}  # what its page polls while it starts
 
 
 def test_a_failed_deployment_shows_the_catalogs_error(browser, deployment):
