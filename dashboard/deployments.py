@@ -93,11 +93,14 @@ def _deployment_page(request, deployment: Deployment, form: SettingsForm, status
     return render(request, "dashboard/deployment.html", context, status=status)
 
 
-def _playground_url(deployment: Deployment) -> str:
-    """The playground with the deployment's first adapter beside its base (or the base alone)."""
+def _playground_query(deployment: Deployment) -> dict[str, str]:
+    """The deployment's first adapter beside its base (or the base alone)."""
     model = deployment.adapters[0]["name"] if deployment.adapters else deployment.base_model
-    query = {"model": model, "baseline": deployment.base_model}
-    return f"{reverse('dashboard:playground')}?{urlencode(query)}"
+    return {"model": model, "baseline": deployment.base_model}
+
+
+def _playground_url(deployment: Deployment) -> str:
+    return f"{reverse('dashboard:playground')}?{urlencode(_playground_query(deployment))}"
 
 
 @workspace_view
@@ -176,19 +179,18 @@ def job_deploy(request, job_id: str):
 @workspace_view
 def playground(request):
     """Two panes, `?model=` and `?baseline=`, each chatting with its model (any name this
-    workspace's deployments serve)."""
-    served = sorted(
-        {
-            name
-            for d in selectors.list_deployments(workspace=request.workspace)
-            if d.status != DeploymentStatus.FAILED
-            for name in d.served_names()
-        }
-    )
-    model = request.GET.get("model", served[0] if served else "")[:500]
+    workspace's deployments serve); without them, the newest deployment's first adapter beside
+    its base, as its "Open in the playground" link has them."""
+    live = [
+        d
+        for d in selectors.list_deployments(workspace=request.workspace)
+        if d.status != DeploymentStatus.FAILED
+    ]
+    served = sorted({name for d in live for name in d.served_names()})
+    asked = request.GET if "model" in request.GET or not live else _playground_query(live[0])
     panes = [
-        ("model", model, "Model"),
-        ("baseline", request.GET.get("baseline", "")[:500], "Compared with"),
+        ("model", asked.get("model", "")[:500], "Model"),
+        ("baseline", asked.get("baseline", "")[:500], "Compared with"),
     ]
     context = {"served": served, "panes": panes}
     return render(request, "dashboard/playground.html", context)

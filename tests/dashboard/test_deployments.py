@@ -75,6 +75,16 @@ def test_the_list_and_a_deployments_page_show_its_state(browser, deployment):
     assert "<h3" in page and "Last active</h3>" in page and "Last request" not in page
 
 
+def test_the_playground_opens_with_both_panes_filled(browser, deployment, billed):
+    """From the Deployments page's link (no query): the newest deployment's first adapter beside
+    its base, as its own "Open in the playground" link has them."""
+    page = text(browser.get("/playground/"))
+    assert f'name="model" value="{BASE}"' in page
+    assert f'name="baseline" value="{BASE}"' in page  # not an empty second pane
+    asked = text(browser.get("/playground/?model=Qwen/Qwen2.5-0.5B"))
+    assert 'name="baseline" value=""' in asked  # a link's own choice is kept
+
+
 def test_a_failed_deployment_shows_the_catalogs_error(browser, deployment):
     states.transition(deployment_id=deployment.pk, to="failed", error_code="model_load_error")
     page = text(browser.get(f"/deployments/{deployment.public_id}/"))
