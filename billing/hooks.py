@@ -50,8 +50,8 @@ class ServingMoney:
     def credit_uptime(self, **entry) -> None:
         services.credit_lost_uptime(**entry)
 
-    def require_funds(self, *, workspace: Workspace) -> None:
-        services.require_serving_funds(workspace=workspace)
+    def require_funds(self, *, workspace: Workspace, deploying: bool = False) -> None:
+        services.require_serving_funds(workspace=workspace, deploying=deploying)
 
     def out_of_funds(self, *, accrued_micros: dict[int, int]) -> set[int]:
         return services.workspaces_spent(accrued_micros=accrued_micros)

@@ -108,14 +108,24 @@ def credit_lost_uptime(
     )
 
 
-def require_serving_funds(*, workspace: Workspace) -> None:
-    """Serving's hook, before a deployment is created or a request wakes or reaches a replica:
-    402 without an account or with a spent balance (its deployments are stopped meanwhile)."""
+def credit_hint() -> str:
+    """How a workspace gets credit here: a card top-up only where payments are enabled."""
+    if stripe_gateway.payments_enabled():
+        return "Top up (veri billing top-up AMOUNT)"
+    return "Ask an operator for credit (card top-ups are off here)"
+
+
+def require_serving_funds(*, workspace: Workspace, deploying: bool = False) -> None:
+    """Serving's hook, before a deployment starts a replica (`deploying`: created, or given
+    replicas to keep) or a request wakes or reaches one: 402 without an account or with a spent
+    balance (its deployments are stopped meanwhile)."""
     _require_positive_balance(
         workspace=workspace,
         doing="deploying models",
-        spent="this workspace's deployments are stopped. Top up (veri billing top-up AMOUNT); "
-        "the next request wakes them.",
+        spent=f"deploying needs a positive balance. {credit_hint()}, then deploy again."
+        if deploying
+        else f"this workspace's deployments are stopped. {credit_hint()}; the next request "
+        "wakes them.",
     )
 
 
@@ -124,8 +134,8 @@ def require_tinker_funds(*, workspace: Workspace) -> None:
     _require_positive_balance(
         workspace=workspace,
         doing="creating Tinker models",
-        spent="Tinker models cannot start. Top up (veri billing top-up AMOUNT) and create the "
-        "training client again.",
+        spent=f"Tinker models cannot start. {credit_hint()}, then create the training client "
+        "again.",
     )
 
 

@@ -19,17 +19,13 @@ from billing import selectors as billing_selectors
 from dashboard import progress
 from dashboard.jobs import timeline, workspace_job
 from dashboard.workspaces import or_404, workspace_view
-from openai_api import objects as openai_objects
-from openai_api import selectors as openai_selectors
 from serving import selectors
 from serving.models import Deployment, DeploymentStatus, ReplicaStatus
 from serving.services import deployments as services
 from serving.services import inference, limits
 from training import errors
-from training.models import JobStatus, TrainingJob
-from veri.errors import ServiceUnavailable, VeriError
+from veri.errors import Conflict, ServiceUnavailable, VeriError
 
-ADAPTER_FILE = "adapter_config.json"  # a checkpoint with it is a LoRA adapter a replica loads
 # What a playground pane sends on to the model (it always streams); the replica validates them.
 PLAYGROUND_FIELDS = ("messages", "temperature", "max_tokens")
 
@@ -97,11 +93,14 @@ def _deployment_page(request, deployment: Deployment, form: SettingsForm, status
     return render(request, "dashboard/deployment.html", context, status=status)
 
 
-def _playground_url(deployment: Deployment) -> str:
-    """The playground with the deployment's first adapter beside its base (or the base alone)."""
+def _playground_query(deployment: Deployment) -> dict[str, str]:
+    """The deployment's first adapter beside its base (or the base alone)."""
     model = deployment.adapters[0]["name"] if deployment.adapters else deployment.base_model
-    query = {"model": model, "baseline": deployment.base_model}
-    return f"{reverse('dashboard:playground')}?{urlencode(query)}"
+    return {"model": model, "baseline": deployment.base_model}
+
+
+def _playground_url(deployment: Deployment) -> str:
+    return f"{reverse('dashboard:playground')}?{urlencode(_playground_query(deployment))}"
 
 
 @workspace_view
@@ -150,36 +149,22 @@ def deployment_delete(request, deployment_id: str):
     return redirect("dashboard:deployments")
 
 
-def deployable_name(job: TrainingJob) -> str | None:
-    """The name a succeeded job's adapter is deployed under: its `ft:` model when the job came
-    through the OpenAI-compatible API (what its clients call), else its final checkpoint's id;
-    None when the job left no adapter to serve."""
-    if job.status != JobStatus.COMPLETED:
-        return None
-    final = job.checkpoints.filter(final=True).first()
-    if final is None or all(f["path"] != ADAPTER_FILE for f in final.files):
-        return None
-    ft = openai_selectors.succeeded_jobs(workspace=job.workspace).filter(job=job).first()
-    return openai_objects.fine_tuned_model(ft) if ft else final.public_id
-
-
 @require_POST
 @workspace_view
 def job_deploy(request, job_id: str):
     """Deploy the job's adapter on the defaults (scale to zero when idle), or go to the
     deployment already serving it."""
     job = workspace_job(request, job_id)
-    name = deployable_name(job)
+    name = services.deployable_name(job)
     try:
         if name is None:
             raise VeriError(f"{job.public_id} has no trained adapter to deploy.")
-        existing = selectors.serving(workspace=request.workspace, model=name)
-        if existing is not None and existing.status != DeploymentStatus.FAILED:
-            messages.info(request, f"{name} is already deployed here.")
-            return redirect("dashboard:deployment", deployment_id=existing.public_id)
         deployment = services.create_deployment(
             workspace=request.workspace, base_model=None, adapters=[name], shape=services.Shape()
         )
+    except Conflict as exc:  # `already_deployed`: go to the deployment serving it
+        messages.info(request, f"{name} is already deployed here.")
+        return redirect("dashboard:deployment", deployment_id=exc.extra["deployment_id"])
     except VeriError as exc:
         context = {
             "title": "Not deployed",
@@ -194,19 +179,18 @@ def job_deploy(request, job_id: str):
 @workspace_view
 def playground(request):
     """Two panes, `?model=` and `?baseline=`, each chatting with its model (any name this
-    workspace's deployments serve)."""
-    served = sorted(
-        {
-            name
-            for d in selectors.list_deployments(workspace=request.workspace)
-            if d.status != DeploymentStatus.FAILED
-            for name in d.served_names()
-        }
-    )
-    model = request.GET.get("model", served[0] if served else "")[:500]
+    workspace's deployments serve); without them, the newest deployment's first adapter beside
+    its base, as its "Open in the playground" link has them."""
+    live = [
+        d
+        for d in selectors.list_deployments(workspace=request.workspace)
+        if d.status != DeploymentStatus.FAILED
+    ]
+    served = sorted({name for d in live for name in d.served_names()})
+    asked = request.GET if "model" in request.GET or not live else _playground_query(live[0])
     panes = [
-        ("model", model, "Model"),
-        ("baseline", request.GET.get("baseline", "")[:500], "Compared with"),
+        ("model", asked.get("model", "")[:500], "Model"),
+        ("baseline", asked.get("baseline", "")[:500], "Compared with"),
     ]
     context = {"served": served, "panes": panes}
     return render(request, "dashboard/playground.html", context)

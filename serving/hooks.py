@@ -17,7 +17,7 @@ class Money(Protocol):
         self, *, workspace: Workspace, amount_micros: int, key: str, description: str
     ) -> None: ...
 
-    def require_funds(self, *, workspace: Workspace) -> None: ...
+    def require_funds(self, *, workspace: Workspace, deploying: bool = False) -> None: ...
 
     def out_of_funds(self, *, accrued_micros: dict[int, int]) -> set[int]: ...
 
@@ -46,10 +46,11 @@ def credit_uptime(*, workspace: Workspace, amount_micros: int, key: str, descrip
         )
 
 
-def require_funds(*, workspace: Workspace) -> None:
-    """Raise PaymentRequired (402) unless the workspace may run replicas now."""
+def require_funds(*, workspace: Workspace, deploying: bool = False) -> None:
+    """Raise PaymentRequired (402) unless the workspace may run replicas now (`deploying`: a
+    deployment is created or told to keep replicas, rather than a request waking one)."""
     if _money is not None:
-        _money.require_funds(workspace=workspace)
+        _money.require_funds(workspace=workspace, deploying=deploying)
 
 
 def out_of_funds(*, accrued_micros: dict[int, int]) -> set[int]:

@@ -322,6 +322,37 @@ def cloud(settings):
     adapter.reset()
 
 
+# Hub ids the fast tests deploy on the local provider, whose offline workers load a hub id only
+# from the machine's cache: a config-only snapshot of each makes it loadable, as
+# `model_problem` checks (no test loads their weights; the real worker tests train from volumes).
+CACHED_HUB_IDS = (
+    "Qwen/Qwen2.5-0.5B",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-1.5B",
+    "other/model",
+    "acme/custom-base",
+    "acme/broken",
+    "fuzz/base",
+    "tiny/model",
+)
+
+
+@pytest.fixture(scope="session")
+def _hub_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("hub")
+    for repo_id in CACHED_HUB_IDS:
+        snapshot = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / "test"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text("{}")
+    return cache
+
+
+@pytest.fixture(autouse=True)
+def hub_cache(_hub_cache, settings) -> Path:
+    settings.VERI_LOCAL_HF_CACHE = str(_hub_cache)
+    return _hub_cache
+
+
 @pytest.fixture
 def billed(workspace):
     open_billing_account(workspace=workspace, credit_micros=100_000_000)

@@ -140,6 +140,20 @@ def fine_tuned_model(*, workspace: Workspace, name: str) -> "tuple[str, Checkpoi
     return _fine_tuned(workspace=workspace, name=name) if _fine_tuned else None
 
 
+# The other way round: a face's name for a succeeded job's final model (its `ft:…`), or None
+# when no face started the job.
+_job_names: Callable[["TrainingJob"], str | None] | None = None
+
+
+def register_job_model_names(namer: Callable[["TrainingJob"], str | None]) -> None:
+    global _job_names
+    _job_names = namer
+
+
+def job_model_name(job: "TrainingJob") -> str | None:
+    return _job_names(job) if _job_names else None
+
+
 # Machines the floors above training launch for themselves (serving's replicas), tagged with
 # their own ids: each callback maps the tagged ids it owns that are live to their recorded
 # instance id, so training's orphan sweeper leaves them running.

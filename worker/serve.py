@@ -250,7 +250,7 @@ class Answer:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.request.model}
 
     def usage(self) -> dict:
-        prompt = len(self.prompt) * self.request.n
+        prompt = len(self.prompt)  # read once for all `n` choices, as OpenAI counts it
         return {
             "prompt_tokens": prompt,
             "completion_tokens": self.completion_tokens,

@@ -1,6 +1,6 @@
 from django import template
 
-from dashboard.deployments import deployable_name
+from serving.services.deployments import deployable_name
 
 register = template.Library()
 

@@ -436,6 +436,13 @@ def run_grader(*, grader: dict, model_sample: str, item: dict) -> dict:
     return graders.run_response(grader, graders.sample_for(model_sample), item)
 
 
+def job_model_name(job: TrainingJob) -> str | None:
+    """Training's hook: the `ft:` name of a succeeded job this face started (what its clients
+    call), None for a job it did not start."""
+    ft = selectors.succeeded_jobs(workspace=job.workspace).filter(job=job).first()
+    return objects.fine_tuned_model(ft) if ft else None
+
+
 def resolve_fine_tuned(*, workspace: Workspace, name: str) -> tuple[str, Checkpoint] | None:
     """Training's hook: a fine-tuned model's name (or one of its checkpoints') as the base it
     was trained on and the checkpoint holding its adapter."""

@@ -7,11 +7,11 @@ from django.db import transaction
 
 from providers import catalog
 from providers.services import get_adapter, is_usable
-from serving import hooks
+from serving import hooks, selectors
 from serving.models import REPLICA_LIVE, Deployment, DeploymentStatus
 from serving.services import replicas, states
 from training import hooks as training_hooks
-from training.models import Checkpoint
+from training.models import Checkpoint, JobStatus, TrainingJob
 from veri.errors import Conflict, VeriError
 from veri.models import Workspace
 from volumes import selectors as volume_selectors
@@ -21,6 +21,8 @@ S = DeploymentStatus
 MAX_ADAPTERS = 16
 MAX_REPLICAS = 8
 DEFAULT_PROVIDER = "local"  # the embedded default: the worker's CPU engine on this machine
+ADAPTER_FILE = "adapter_config.json"  # a checkpoint with it is a LoRA adapter a replica loads
+JOB_PREFIX = "job_"  # a training job's id: deploying it deploys its trained adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,39 @@ class Shape:
     min_replicas: int = 0
     max_replicas: int = 1
     idle_timeout_seconds: int = 900
+
+
+def deployable_name(job: TrainingJob) -> str | None:
+    """The name a succeeded job's adapter is deployed under: its face's model name when a face
+    started it (the `ft:` model its clients call), else its final checkpoint's id; None when the
+    job left no adapter to serve."""
+    if job.status != JobStatus.COMPLETED:
+        return None
+    final = job.checkpoints.filter(final=True).first()
+    if final is None or all(f["path"] != ADAPTER_FILE for f in final.files):
+        return None
+    return training_hooks.job_model_name(job) or final.public_id
+
+
+def _job_adapter(*, workspace: Workspace, job_id: str, field: str) -> str:
+    """A training job's id as the name of the adapter it trained."""
+    job = TrainingJob.objects.filter(workspace=workspace, public_id=job_id).first()
+    if job is None:
+        raise VeriError(
+            f"{job_id[:200]!r} is not a training job of this workspace. Deploy one of its jobs, "
+            "an ft: model or a checkpoint id (veri jobs list; veri checkpoints list JOB_ID).",
+            field=field,
+            code="model_not_found",
+        )
+    name = deployable_name(job)
+    if name is None:
+        raise VeriError(
+            f"{job_id} has no trained adapter to deploy (it is {job.status}; a completed job's "
+            "final checkpoint is deployed).",
+            field=field,
+            code="model_not_found",
+        )
+    return name
 
 
 def resolve_adapter(*, workspace: Workspace, name: str, field: str) -> tuple[str, Checkpoint]:
@@ -61,6 +96,8 @@ def _adapters(*, workspace: Workspace, base_model: str | None, names: list[str])
         raise VeriError("An adapter is named twice.", field="adapters")
     adapters = []
     for index, name in enumerate(names):
+        if name.startswith(JOB_PREFIX):
+            name = _job_adapter(workspace=workspace, job_id=name, field=f"adapters.{index}")
         base, checkpoint = resolve_adapter(
             workspace=workspace, name=name, field=f"adapters.{index}"
         )
@@ -108,6 +145,28 @@ def _placement(shape: Shape) -> tuple[str, str, str]:
     return provider, gpu_type, region
 
 
+def _check_base_loadable(base_model: str, provider: str) -> None:
+    """A hub id the provider's replicas cannot load is refused now, not when a replica fails."""
+    if base_model.startswith("volume://"):
+        return
+    if problem := get_adapter(provider).model_problem(base_model):
+        raise VeriError(problem, field="base_model", code="base_model_unavailable")
+
+
+def _check_not_deployed(workspace: Workspace, names: list[str]) -> None:
+    """A name a live deployment already serves is not deployed twice: both would bill while
+    the router sends its requests to one."""
+    for name in names:
+        existing = selectors.serving(workspace=workspace, model=name)
+        if existing is not None and existing.status != S.FAILED:
+            raise Conflict(
+                f"{name} is already deployed as {existing.public_id}; call it, change that "
+                "deployment, or delete it before deploying again.",
+                code="already_deployed",
+                deployment_id=existing.public_id,
+            )
+
+
 def _pin_base(deployment: Deployment) -> None:
     """A base model in a volume is pinned as it is now, as a job's inputs are: every replica
     loads these files, whatever is uploaded over them later."""
@@ -128,8 +187,13 @@ def create_deployment(
     replica starts at once; it scales to `min_replicas` after `idle_timeout_seconds`."""
     _check_shape(shape)
     provider, gpu_type, region = _placement(shape)
-    hooks.require_funds(workspace=workspace)  # its first replica starts at once
+    if base_model and base_model.startswith(JOB_PREFIX):  # a job's id names its adapter
+        base_model, adapters = None, [base_model, *adapters]
     base_model, resolved = _adapters(workspace=workspace, base_model=base_model, names=adapters)
+    _check_base_loadable(base_model, provider)
+    Workspace.objects.select_for_update().get(pk=workspace.pk)  # one create at a time: no twins
+    _check_not_deployed(workspace, [a["name"] for a in resolved] or [base_model])
+    hooks.require_funds(workspace=workspace, deploying=True)  # its first replica starts now
     deployment = Deployment.objects.create(
         workspace=workspace,
         base_model=base_model,
@@ -175,7 +239,7 @@ def update_deployment(
     deployment.save()
     states.record_event(deployment=deployment, type="updated", detail=fields)
     if deployment.min_replicas and not deployment.replicas.filter(status__in=REPLICA_LIVE):
-        hooks.require_funds(workspace=deployment.workspace)
+        hooks.require_funds(workspace=deployment.workspace, deploying=True)
         replicas.start_replica(deployment=deployment)
         deployment.refresh_from_db()
     return deployment

@@ -69,6 +69,20 @@ def test_the_list_and_a_deployments_page_show_its_state(browser, deployment):
     assert "Deployments</a>" in text(browser.get("/jobs/"))  # in the navigation
     status = browser.get(f"/deployments/{deployment.public_id}/status.json")
     assert status.json() == {"status": "starting"}  # what its page polls while it starts
+    # Ready without a request: the time shown is its ready time, not called a request's.
+    replicas.mark_ready(replica=replica, url="http://127.0.0.1:9")
+    page = text(browser.get(f"/deployments/{deployment.public_id}/"))
+    assert "<h3" in page and "Last active</h3>" in page and "Last request" not in page
+
+
+def test_the_playground_opens_with_both_panes_filled(browser, deployment, billed):
+    """From the Deployments page's link (no query): the newest deployment's first adapter beside
+    its base, as its own "Open in the playground" link has them."""
+    page = text(browser.get("/playground/"))
+    assert f'name="model" value="{BASE}"' in page
+    assert f'name="baseline" value="{BASE}"' in page  # not an empty second pane
+    asked = text(browser.get("/playground/?model=Qwen/Qwen2.5-0.5B"))
+    assert 'name="baseline" value=""' in asked  # a link's own choice is kept
 
 
 def test_a_failed_deployment_shows_the_catalogs_error(browser, deployment):

@@ -2,11 +2,14 @@
 replica's launch is queued, not run: no task cluster here)."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from billing.services import open_billing_account
 from veri.models import Workspace
+from veri_sdk.cli import build_parser
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BASE = "Qwen/Qwen2.5-0.5B"
@@ -41,3 +44,24 @@ def test_deploy_list_get_and_delete(cli, capsys):
 def test_deploying_an_unknown_fine_tune_says_so(cli, capsys):
     code, _, err = cli("deploy", "ft:volume/models/tiny:cli::nope", "--no-wait", capsys=capsys)
     assert code == 1 and "not a fine-tuned model" in err
+
+
+def test_deploying_a_deployed_model_again_uses_the_deployment_serving_it(cli, capsys):
+    code, out, err = cli("deploy", BASE, "--no-wait", "--json", capsys=capsys)
+    assert code == 0, err
+    first = json.loads(out)["id"]
+    code, out, err = cli("deploy", BASE, "--no-wait", "--json", capsys=capsys)
+    assert code == 0, err
+    assert f"{BASE} is already deployed as {first}" in err
+    assert json.loads(out)["id"] == first
+    code, out, _ = cli("deployments", "list", "--json", capsys=capsys)
+    assert [d["id"] for d in json.loads(out)] == [first]  # no twin billing beside it
+
+
+def test_the_reference_lists_every_flag_of_veri_deploy():
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    flags = {f for a in commands.choices["deploy"]._actions for f in a.option_strings}
+    reference = Path(__file__).parents[2] / "docs" / "user-guide" / "reference.md"
+    [row] = [line for line in reference.read_text().splitlines() if "| `veri deploy MODEL" in line]
+    listed = set(re.findall(r"--[a-z-]+", row.split("` |")[0]))
+    assert flags - {"-h", "--help"} == listed

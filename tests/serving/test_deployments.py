@@ -13,6 +13,10 @@ from serving.models import Deployment, Replica
 from serving.services import replicas, states
 from serving.services.deployments import Shape, create_deployment
 from tests.conftest import assert_error, serve_in_background
+from tests.training.conftest import dataset, submit  # noqa: F401, F811 - shared fixtures
+from tests.training.test_restarts import running
+from tests.training.test_worker_and_jobs_api import upload_checkpoint
+from training.services import jobs as job_services
 from veri.money import usd
 
 pytestmark = pytest.mark.django_db
@@ -94,6 +98,43 @@ def test_create_refuses_what_it_cannot_serve(api_client, other_api_client, bille
     refused({"base_model": BASE, "gpu_type": "TPU9"}, "invalid_request", "gpu_type")
     refused({"base_model": BASE, "provider": "nowhere"}, "invalid_request", "provider")
     assert not Deployment.objects.exists()
+
+
+def test_a_training_jobs_id_deploys_its_final_adapter(api_client, billed, submit):  # noqa: F811
+    job, worker = running(submit)
+    unfinished = api_client.post("/v1/deployments", {"base_model": job.public_id}, format="json")
+    assert "no trained adapter" in assert_error(unfinished, 400, "model_not_found")["message"]
+    final = upload_checkpoint(worker, job, 10, final=True)
+    job_services.transition_job(job_id=job.pk, to="completed")
+
+    # As `veri deploy JOB_ID` sends it: the job's adapter on its base, not a hub model's name.
+    created = api_client.post("/v1/deployments", {"base_model": job.public_id}, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["base_model"] == job.base_model
+    assert created.json()["adapters"] == [{"name": final["id"], "checkpoint_id": final["id"]}]
+
+    unknown = api_client.post("/v1/deployments", {"adapters": ["job_nope"]}, format="json")
+    error = assert_error(unknown, 400, "model_not_found", "adapters.0")
+    assert "not a training job of this workspace" in error["message"]
+
+
+def test_a_base_model_the_provider_cannot_load_is_refused_at_create(api_client, billed):
+    refused = api_client.post("/v1/deployments", {"base_model": "acme/uncached"}, format="json")
+    error = assert_error(refused, 400, "base_model_unavailable", "base_model")
+    assert "HF_HUB_OFFLINE" in error["message"]
+    assert not Deployment.objects.exists()
+
+
+def test_a_name_already_served_is_not_deployed_twice(api_client, billed):
+    first = api_client.post("/v1/deployments", {"base_model": BASE}, format="json").json()
+    again = api_client.post("/v1/deployments", {"base_model": BASE}, format="json")
+    error = assert_error(again, 409, "already_deployed")
+    assert error["deployment_id"] == first["id"] and first["id"] in error["message"]
+    assert Deployment.objects.count() == 1
+    states.transition(deployment_id=Deployment.objects.get().pk, to="failed")
+    # A failed deployment serves nothing: the name deploys again.
+    redeployed = api_client.post("/v1/deployments", {"base_model": BASE}, format="json")
+    assert redeployed.status_code == 201
 
 
 def test_idle_deployments_scale_to_zero_once_whoever_runs_the_task(deployment):
@@ -305,6 +346,8 @@ def test_a_spent_balance_stops_the_deployment_and_inference_answers_402_until_a_
     assert answer.status_code == 402
     assert answer.json()["error"]["code"] == "insufficient_balance"
     assert answer.json()["error"]["type"] == "insufficient_quota"
+    assert "deployments are stopped" in answer.json()["error"]["message"]
+    assert "ask an operator for credit" in answer.json()["error"]["message"].lower()
     assert not deployment.replicas.filter(status="starting").exists()
     # Topped up, the next request wakes it, its stop reason cleared.
     add_credit(workspace=workspace, amount_micros=5_000_000, reason="top-up", key="top-up")
@@ -314,7 +357,7 @@ def test_a_spent_balance_stops_the_deployment_and_inference_answers_402_until_a_
     assert (deployment.status, deployment.error_code) == ("starting", "")
 
 
-def test_creating_a_deployment_needs_funds(api_client, workspace):
+def test_creating_a_deployment_needs_funds(api_client, workspace, settings):
     body = {"base_model": BASE}
     assert_error(
         api_client.post("/v1/deployments", body, format="json"), 402, "billing_account_required"
@@ -322,9 +365,18 @@ def test_creating_a_deployment_needs_funds(api_client, workspace):
     from billing.services import open_billing_account
 
     open_billing_account(workspace=workspace)
-    assert_error(
+    error = assert_error(
         api_client.post("/v1/deployments", body, format="json"), 402, "insufficient_balance"
     )
+    # No deployment is stopped, and card top-ups are off without Stripe: say what to do.
+    assert error["message"].startswith("The balance is 0.00 USD: deploying needs a positive")
+    assert "operator" in error["message"] and "veri billing top-up" not in error["message"]
+    assert "stopped" not in error["message"]
+    settings.STRIPE_SECRET_KEY = "sk_test_veri"  # payments on: the card top-up is the way
+    error = assert_error(
+        api_client.post("/v1/deployments", body, format="json"), 402, "insufficient_balance"
+    )
+    assert "veri billing top-up AMOUNT" in error["message"]
     assert not Deployment.objects.exists()
 
 

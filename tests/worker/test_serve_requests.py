@@ -118,6 +118,10 @@ def test_sampling_is_seeded_stops_cut_and_n_counts(server):
     assert seeded == complete(temperature=1.0, seed=7, n=3) | {
         k: seeded[k] for k in ("id", "created")
     }  # the same seed, the same texts
+    one = complete(temperature=1.0, seed=7)["usage"]
+    usage = seeded["usage"]
+    assert usage["prompt_tokens"] == one["prompt_tokens"]  # the prompt counts once, whatever n
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     greedy = complete(temperature=0, logprobs=2)["choices"][0]
     assert len(greedy["logprobs"]["tokens"]) == len(greedy["logprobs"]["token_logprobs"])
     assert all(len(top) == 2 for top in greedy["logprobs"]["top_logprobs"])

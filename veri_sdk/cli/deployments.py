@@ -1,6 +1,9 @@
 """`veri deploy MODEL` and `veri deployments list|get|delete`: serving trained models."""
 
-from veri_sdk.cli.output import out, print_json, print_table, table
+from veri_sdk.cli.output import err, out, print_json, print_table, table
+from veri_sdk.errors import ConflictError
+
+STARTING = ("pending", "starting")  # a stopped deployment waits for its first request
 
 
 def _shape(args) -> dict:
@@ -9,8 +12,16 @@ def _shape(args) -> dict:
 
 
 def cmd_deploy(args, client) -> int:
-    deployment = client.deployments.create(args.model, adapters=args.adapter, **_shape(args))
-    if not args.no_wait:
+    try:
+        deployment = client.deployments.create(args.model, adapters=args.adapter, **_shape(args))
+    except ConflictError as exc:
+        if exc.code != "already_deployed":
+            raise
+        # Deploying it again would bill a twin the router never sends a request to: use it.
+        existing = exc.extra["deployment_id"]
+        err.print(f"{args.model} is already deployed as {existing}.", highlight=False, markup=False)
+        deployment = client.deployments.get(existing)
+    if not args.no_wait and deployment["status"] in STARTING:
         deployment = client.deployments.wait_ready(deployment["id"], timeout=args.timeout)
     if args.json:
         print_json(deployment)

@@ -98,7 +98,7 @@ async function ask(form, pane, message) {
   const answer = bubble(pane, "assistant", "");
   answer.dataset.streaming = "";
   pane.section.dataset.busy = "";
-  pane.status.textContent = "";
+  pane.status.textContent = "waiting…"; // at once: a cold model's first answer takes seconds
   const body = {
     model,
     messages: (system ? [{ role: "system", content: system }] : []).concat(pane.messages),
