@@ -10,8 +10,10 @@ of its own and puts its `vllm` on PATH. A model vLLM cannot load is the customer
 `model_load_error`; vLLM dying once it served is the platform's `replica_failed`. Never with
 `--trust-remote-code`: a base model's own code is not run here."""
 
+import ctypes
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from worker.client import ControlPlane, ControlPlaneError, heartbeat
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 TAIL_LINES = 40  # of vLLM's output, sent with a failure
 POLL_SECONDS = 0.5
+PR_SET_PDEATHSIG = 1  # prctl(2)
 STOP_SECONDS = 30  # how long vLLM gets to exit on SIGTERM before it is killed
 MAX_MESSAGE = 10_000  # the control plane's limit on a failure's message
 # The ports a replica on a rented machine serves on: the providers open these to the control
@@ -132,6 +135,12 @@ def _report(api: ControlPlane, path: str, body: dict) -> bool:
     return True
 
 
+def _end_with_parent() -> None:
+    """(In vLLM's process, before it starts) SIGTERM when this serving process dies, however it
+    dies: a killed worker leaves no vLLM serving, or holding its port, behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _stop(child: subprocess.Popen) -> None:
     if child.poll() is None:
         child.terminate()
@@ -181,7 +190,12 @@ def run(
         return 1
     print(f"[veri] starting {' '.join(args).replace(key, '***')}", flush=True)
     child = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        preexec_fn=_end_with_parent,
     )
     tail: deque[str] = deque(maxlen=TAIL_LINES)
 
