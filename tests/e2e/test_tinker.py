@@ -140,6 +140,16 @@ def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     assert lost.charged_micros > 0
 
 
+def loaded_loss(live_server, tinker_key: str, path: str, data: list[types.Datum]) -> float:
+    """The loss on `data` of a new session's client made from the state saved at `path`."""
+    resumed = (
+        tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+        .create_training_client_from_state(path)
+        .result()
+    )
+    return resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+
 def ended_saved(model_id: str) -> str:
     """The path of the state a model saved before it ended (its end's message names it)."""
     model = wait_for(
@@ -186,13 +196,7 @@ def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_cl
         service.create_lora_training_client(base_model=TINY, rank=8).result()
 
     # A new session (its own budget) loads the saved state: the same loss.
-    resumed = (
-        tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
-        .create_training_client_from_state(path)
-        .result()
-    )
-    loss = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
-    assert loss == pytest.approx(expected, rel=1e-5)
+    assert loaded_loss(live_server, tinker_key, path, data) == pytest.approx(expected, rel=1e-5)
 
 
 def test_an_idle_session_saves_each_models_state_before_it_ends(
@@ -217,13 +221,7 @@ def test_an_idle_session_saves_each_models_state_before_it_ends(
     path = ended_saved(training.model_id)
     assert TinkerModel.objects.get(model_id=training.model_id).error_code == "session_ended"
 
-    resumed = (
-        tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
-        .create_training_client_from_state(path)
-        .result()
-    )
-    loss = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
-    assert loss == pytest.approx(expected, rel=1e-5)
+    assert loaded_loss(live_server, tinker_key, path, data) == pytest.approx(expected, rel=1e-5)
 
 
 def test_the_rl_example_raises_the_mean_reward(
