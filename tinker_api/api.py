@@ -148,6 +148,24 @@ class SessionHeartbeatView(TinkerView):
         return Response({"type": "session_heartbeat"})
 
 
+class SessionFinishView(TinkerView):
+    """`ServiceClient.close()`, and leaving `with ServiceClient() as …`: the session ends as an
+    idle one does, each live model's state saved first (the catalog's `session_ended`)."""
+
+    class Input(serializers.Serializer):
+        reason = serializers.DictField(required=False, allow_null=True)
+        detail = serializers.CharField(
+            max_length=2000, required=False, allow_null=True, allow_blank=True
+        )
+
+    def post(self, request: Request, session_id: str) -> Response:
+        data = self.validated(self.Input, request.data)
+        session = selectors.get_session(workspace=self.workspace, session_id=session_id)
+        how = str((data.get("reason") or {}).get("type") or "closed")[:40]
+        sessions.end_session(session=session, reason=f"The client closed the session ({how}).")
+        return Response({"type": "finish_session"})
+
+
 class LoraIn(serializers.Serializer):
     rank = serializers.IntegerField(min_value=1, max_value=256)
     seed = serializers.IntegerField(required=False, allow_null=True)

@@ -37,5 +37,6 @@ urlpatterns = [
     path("weights_info", api.WeightsInfoView.as_view()),
     path("sessions", api.SessionsView.as_view()),
     path("sessions/<str:session_id>", api.SessionView.as_view()),
+    path("sessions/<str:session_id>/finish", api.SessionFinishView.as_view()),
     re_path(r"^(?P<path>.*)$", api.unsupported),
 ]

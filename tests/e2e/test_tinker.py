@@ -84,6 +84,12 @@ def test_a_supervised_loop_lowers_the_loss(
     model = TinkerModel.objects.get()
     assert (model.status, model.base_model) == (ModelStatus.READY, TINY)
 
+    # Closing the client ends the session; the model saves its state first, as an idle one does.
+    service.close("success").result()
+    assert loaded_loss(live_server, tinker_key, ended_saved(model.model_id), data) == pytest.approx(
+        after, rel=1e-5
+    )
+
 
 def losses_of(training, data, steps: int, learning_rate: float = 2e-2) -> list[float]:
     """`steps` × (forward_backward + optim_step), then one more forward: each loss."""

@@ -115,6 +115,26 @@ def test_another_workspaces_session_model_and_future_are_not_found(tk):
     ]:
         assert_error(other.post(f"/api/v1/{path}", body, format="json"), 404, "not_found")
     assert TinkerOperation.objects.filter(model=model).count() == 2  # creation + the step
+    assert_error(
+        other.post(f"/api/v1/sessions/{session}/finish", {}, format="json"), 404, "not_found"
+    )
+    assert TinkerModel.objects.get(pk=model.pk).status == ModelStatus.STARTING
+
+
+def test_the_client_closing_its_session_ends_it_and_its_models(tk):
+    model = new_model(tk)
+    waiting = optim(tk, model, 1).json()["request_id"]
+    session = model.session.public_id
+    finish = {"reason": {"type": "success"}, "detail": None}
+    for _ in range(2):  # the client retries: a second close changes nothing
+        response = tk.post(f"/api/v1/sessions/{session}/finish", finish, format="json")
+        assert response.status_code == 200, response.json()
+    model.refresh_from_db()
+    assert (model.status, model.error_code) == (ModelStatus.ENDED, "session_ended")
+    assert "closed the session (success)" in model.error_message
+    assert retrieve(tk, waiting).json()["category"] == "user"
+    heartbeat = {"session_id": session}
+    assert tk.post("/api/v1/session_heartbeat", heartbeat, format="json").status_code == 410
 
 
 def test_no_key_or_an_unknown_one_is_401():
