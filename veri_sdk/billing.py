@@ -10,6 +10,7 @@ class Balance:
     balance_usd: str
     low_balance: bool
     payments_enabled: bool
+    spend_usd: dict[str, str]  # charged so far by kind: jobs, deployments, tinker, storage
 
 
 class Billing:
@@ -18,7 +19,9 @@ class Billing:
 
     def get(self) -> Balance:
         data = self.api.request("GET", "/billing")
-        return Balance(data["balance_usd"], data["low_balance"], data["payments_enabled"])
+        return Balance(
+            data["balance_usd"], data["low_balance"], data["payments_enabled"], data["spend_usd"]
+        )
 
     def ledger(self, *, limit: int | None = None) -> list[dict]:
         """Entries newest first: `kind, amount_usd, job_id, volume_id, description, created_at`;

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from billing import services as billing
+from billing.models import LedgerEntry
 from tests.conftest import free_port, serve_in_background
 from tests.sdk.faults import FaultyProxy
 from veri_sdk import Client, ConnectionFailed, NotFoundError
@@ -275,14 +276,22 @@ def test_tables_never_cut_ids_or_paths(
 
 def test_billing_shows_the_balance_and_the_ledger(cli, capsys, settings):
     billing.open_billing_account(workspace=cli.workspace, credit_micros=12_500_000)
+    billing.record_entry(
+        workspace=cli.workspace,
+        kind=LedgerEntry.Kind.STORAGE_CHARGE,
+        amount_micros=-250_000,
+        key="storage",
+    )
     code, out, _ = cli("billing", capsys=capsys)
-    assert code == 0 and "Balance: 12.50 USD" in out and "adjustment" in out
+    assert code == 0 and "Balance: 12.25 USD" in out and "adjustment" in out
+    assert "jobs 0.00, deployments 0.00, tinker 0.00, storage 0.25" in out
     assert "top-ups are off" in out
     settings.STRIPE_SECRET_KEY = ""
     code, _, err = cli("billing", "top-up", "25", capsys=capsys)
     assert code == 1 and "Payments are disabled" in err
     balance = Client().billing.get()
-    assert (balance.balance_usd, balance.low_balance) == ("12.50", False)
+    assert (balance.balance_usd, balance.low_balance) == ("12.25", False)
+    assert balance.spend_usd["storage"] == "0.25"
 
 
 def test_billing_top_up_prints_the_checkout_page(cli, capsys, stripe_api):

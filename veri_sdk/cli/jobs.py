@@ -314,6 +314,8 @@ def cmd_billing(args, client) -> int:
         return 0
     low = "  (low: below a day of recent spend)" if balance.low_balance else ""
     out.print(f"Balance: {balance.balance_usd} USD{low}")
+    spent = ", ".join(f"{kind} {usd}" for kind, usd in balance.spend_usd.items())
+    out.print(f"Spent so far (USD): {spent}")
     if not balance.payments_enabled:
         out.print("Card top-ups are off on this deployment; an operator adds credit.")
     listing = table(
