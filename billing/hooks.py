@@ -55,3 +55,6 @@ class ServingMoney:
 
     def out_of_funds(self, *, accrued_micros: dict[int, int]) -> set[int]:
         return services.workspaces_spent(accrued_micros=accrued_micros)
+
+    def credit_hint(self) -> str:
+        return services.credit_hint()

@@ -70,7 +70,8 @@ def enforce_stops(*, active: list[TrainingJob], now: datetime) -> dict[str, int]
             job,
             "balance_exhausted",
             "The workspace's balance ran out (with this job's accrued cost) and stayed out for "
-            f"{settings.VERI_BALANCE_GRACE_SECONDS} s. Top up, then resume from a checkpoint.",
+            f"{settings.VERI_BALANCE_GRACE_SECONDS} s. {services.credit_hint()}, then resume "
+            "from a checkpoint.",
         )
     return stopped
 

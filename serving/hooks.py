@@ -21,6 +21,8 @@ class Money(Protocol):
 
     def out_of_funds(self, *, accrued_micros: dict[int, int]) -> set[int]: ...
 
+    def credit_hint(self) -> str: ...
+
 
 _money: Money | None = None
 
@@ -57,3 +59,8 @@ def out_of_funds(*, accrued_micros: dict[int, int]) -> set[int]:
     """Of the workspaces given (id → what their replicas accrued, not charged yet), those whose
     balance is spent."""
     return _money.out_of_funds(accrued_micros=accrued_micros) if _money is not None else set()
+
+
+def credit_hint() -> str:
+    """How this workspace gets credit here (a card top-up only where payments are enabled)."""
+    return _money.credit_hint() if _money is not None else "Add credit"

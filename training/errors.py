@@ -221,8 +221,9 @@ CATALOG: dict[str, JobError] = {
             Billing.CHARGE,
             "The workspace's balance ran out; after a grace period the job saved a checkpoint "
             "(when it saves checkpoints) and stopped. A Tinker model saved its state and ended",
-            "Top up (veri billing top-up AMOUNT), then resume from the newest checkpoint (a "
-            "Tinker model: `load_state` the path its end's message names).",
+            "Add credit (veri billing top-up AMOUNT where card payments are on, else ask an "
+            "operator), then resume from the newest checkpoint (a Tinker model: `load_state` "
+            "the path its end's message names).",
         ),
         # A deployment's replicas (serving): attributed as jobs' faults are.
         JobError(

@@ -472,8 +472,8 @@ def stop_unfunded(*, now: datetime) -> int:
                 to=S.STOPPED,
                 error_code="balance_exhausted",
                 message="The workspace's balance ran out: every replica was stopped and its "
-                "machine terminated. Top up (veri billing top-up AMOUNT); the next request "
-                "wakes the deployment.",
+                f"machine terminated. {hooks.credit_hint()}; the next request wakes the "
+                "deployment.",
             )
             stopped += 1
     return stopped

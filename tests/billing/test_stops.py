@@ -100,6 +100,8 @@ def test_an_exhausted_balance_stops_running_jobs_after_the_grace(submit, billed,
     assert tasks.check_jobs(now=after) == {"balance_exhausted": 1}
     job.refresh_from_db()
     assert job.stop_code == "balance_exhausted"
+    # No card payments here: the way to credit is an operator, not a top-up that would fail.
+    assert "Ask an operator for credit (card top-ups are off here)" in job.stop_message
     assert heartbeat(job).json()["stop"]["code"] == "balance_exhausted"
 
 

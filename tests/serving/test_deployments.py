@@ -333,6 +333,7 @@ def test_a_spent_balance_stops_the_deployment_and_inference_answers_402_until_a_
     deployment.refresh_from_db()
     replica.refresh_from_db()
     assert (deployment.status, replica.status) == ("stopped", "stopped")
+    assert "Ask an operator for credit" in deployment.error_message  # no card payments here
     assert api_client.get(f"/v1/deployments/{deployment.public_id}").json()["error"] == {
         "code": "balance_exhausted",
         "message": deployment.error_message,

@@ -149,6 +149,7 @@ def test_a_spent_balance_saves_and_ends_the_workspaces_models(tk, workspace):
     tasks.sweep_models()
     model.refresh_from_db()
     assert (model.status, model.error_code) == (ModelStatus.SAVING, "balance_exhausted")
+    assert "Ask an operator for credit" in model.error_message  # no card payments here
 
 
 def test_a_lost_worker_ends_the_model_and_credits_its_uptime_since_the_last_save(tk):

@@ -468,8 +468,7 @@ def sweep(*, now=None) -> None:
                 save_and_end(
                     model=model,
                     code="balance_exhausted",
-                    message="The workspace's balance ran out; top up (veri billing top-up "
-                    "AMOUNT) to go on.",
+                    message=f"The workspace's balance ran out. {billing.credit_hint()} to go on.",
                 )
     open_sessions = TinkerSession.objects.filter(ended_at__isnull=True)
     for session in open_sessions.filter(models__status__in=MODEL_LIVE).distinct():
