@@ -16,7 +16,10 @@ from pathlib import Path
 import datasets
 import pytest
 import tinker
+import torch
 from datasets.arrow_writer import ArrowWriter
+from tinker_cookbook.renderers import get_renderer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import REPO
 from tests.e2e.test_tinker import stop_models, tinker_key  # noqa: F401 - fixtures
@@ -103,10 +106,6 @@ def answering_model(tiny_model: Path, out: Path) -> Path:
     """The tiny model taught to answer rl_loop's prompt with `\\boxed{1}` or `\\boxed{2}`, about
     as often: of a group of samples for the questions whose answers are 1 and 2 some are right
     and some wrong, so their advantages are not all 0 and the loop trains on them."""
-    import torch
-    from tinker_cookbook.renderers import get_renderer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
@@ -233,7 +232,8 @@ def test_the_cookbook_rl_loop_samples_trains_and_saves(
         f"base_url={live_server.url}",
         f"model_name={BASE}",
         "batch_size=2",
-        "group_size=4",
+        # Both questions' groups of 8 all right or all wrong (no step to train): under 1 in 1000.
+        "group_size=8",
         "max_tokens=16",
         "lora_rank=8",
         "save_every=0",
