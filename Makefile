@@ -11,6 +11,8 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	# torch first, pinned: the CPU build; an unpinned torch pulled in by trl would be a CUDA one.
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -r requirements.txt -e ".[sdk,worker,test]"
+	# Its dependencies are in the test extra (pyproject.toml says why it comes without them).
+	$(VENV)/bin/pip install -q --no-deps tinker-cookbook==0.6.1
 	# Run as root, local workers keep customer code in a bubblewrap sandbox (worker/sandbox.py).
 	if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; fi

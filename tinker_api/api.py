@@ -423,9 +423,18 @@ class AsampleView(TinkerView):
         topk_sample_logprobs = serializers.IntegerField(default=0)
         prompt_alt_tokens_k = serializers.IntegerField(default=0)
         target_prompt_logprobs = serializers.DictField(required=False, allow_null=True)
+        record_stability_info = serializers.BooleanField(required=False, allow_null=True)
 
     def post(self, request: Request) -> Response:
         data = self.validated(self.Input, request.data)
+        if data.get("record_stability_info"):
+            # Said now, at the first sample, not when the loss is first used: an RL loop with
+            # all-equal rewards may never train, and would run on ignoring the flag.
+            raise Unsupported(
+                "StableReinforce (record_stability_info, loss_fn='stable_reinforce') is not "
+                "supported yet; train with loss_fn 'importance_sampling' or 'ppo'.",
+                field="record_stability_info",
+            )
         asked = [
             name for name in ("prompt_logprobs", "target_prompt_logprobs") if data.get(name)
         ] + [

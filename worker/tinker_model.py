@@ -130,7 +130,9 @@ class TinkerModel:
     def sample(self, seq_id: int, payload: dict) -> dict:
         """`num_samples` completions of the prompt with the weights snapshotted at `seq_id`:
         `{sequences: [{tokens, logprobs, stop_reason}]}`, logprobs as a forward pass scores them.
-        `stop` is token ids or strings; absent, the model's end-of-sequence token stops."""
+        `stop` is token ids or strings, and the model's end-of-sequence token stops too (a base
+        model's turn may end there rather than at the chat format's stop string); `[]` stops
+        nothing, as in Tinker's SamplingParams."""
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
         tokens, params = payload["tokens"], payload["sampling_params"]
@@ -140,8 +142,8 @@ class TinkerModel:
         stop = [stop] if isinstance(stop, str) else stop
         stop_tokens = {t for t in stop or () if isinstance(t, int)}
         stop_texts = [t for t in stop or () if isinstance(t, str)]
-        if stop is None and self.eos is not None:
-            stop_tokens = set(self.eos) if isinstance(self.eos, list) else {self.eos}
+        if stop != [] and self.eos is not None:
+            stop_tokens |= set(self.eos) if isinstance(self.eos, list) else {self.eos}
         current = None
         if seq_id in self.snapshots:
             current = {

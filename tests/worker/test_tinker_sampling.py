@@ -53,3 +53,17 @@ def test_a_prompt_outside_the_vocabulary_is_the_callers_error(tiny_model):
     payload = {"tokens": [10**6], "num_samples": 1, "sampling_params": {"max_tokens": 2}}
     with pytest.raises(LossInputError, match="0 to"):
         model.sample(1, payload)
+
+
+def test_the_end_of_sequence_stops_a_sample_unless_stop_is_empty(tiny_model):
+    """As Tinker's SamplingParams say: absent `stop`, or with stop strings (a chat format's, which
+    a base model's turn may not reach), the end-of-sequence token stops too; `[]` stops nothing."""
+    model = fresh(tiny_model)
+    model.snapshot(1)
+    [free] = sample(model, n=1, temperature=0)
+    model.eos = free["tokens"][2]  # the model's end of sequence: the third token greedy draws
+    cut = free["tokens"][: free["tokens"].index(model.eos) + 1]
+    for stop in (None, ["never said"]):
+        [stopped] = sample(model, n=1, temperature=0, stop=stop)
+        assert (stopped["tokens"], stopped["stop_reason"]) == (cut, "stop"), stop
+    assert sample(model, n=1, temperature=0) == [free]
