@@ -20,7 +20,7 @@ from tinker_api.models import (
     TinkerModel,
     TinkerOperation,
 )
-from tinker_api.services import keys, sessions
+from tinker_api.services import keys, sessions, workers
 from veri import services as veri_services
 
 pytestmark = pytest.mark.django_db
@@ -232,6 +232,13 @@ def test_an_idle_session_ends_its_models_and_the_worker_is_told(tk):
     heartbeat = {"session_id": model.session.public_id}
     assert tk.post("/api/v1/session_heartbeat", heartbeat, format="json").status_code == 410
     assert next_op(w, -1).status_code == 401  # its token died with the model
+
+
+def test_a_model_deleted_while_its_worker_polls_ends_the_poll(tk):
+    model = new_model(tk)
+    TinkerModel.objects.filter(pk=model.pk).delete()  # its workspace deleted, say
+    with pytest.raises(workers.ModelEnded, match="no longer exists"):
+        workers.next_operation(model=model, after=-1, wait=0)
 
 
 def test_another_workspaces_checkpoint_is_not_found(tk):

@@ -7,6 +7,7 @@ import hmac
 import time
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.utils import timezone
 
@@ -56,8 +57,11 @@ def next_operation(*, model: TinkerModel, after: int, wait: float) -> TinkerOper
     deadline = time.monotonic() + wait
     while True:
         _seen(model)
-        model.refresh_from_db(fields=["status"])
-        model.session.refresh_from_db(fields=["ended_at", "last_heartbeat_at"])
+        try:
+            model.refresh_from_db(fields=["status"])
+            model.session.refresh_from_db(fields=["ended_at", "last_heartbeat_at"])
+        except ObjectDoesNotExist:  # deleted during the long poll (its workspace was)
+            raise ModelEnded("The model no longer exists.") from None
         if model.status in MODEL_LIVE and sessions.session_idle(model.session):
             sessions.end_session(session=model.session, reason="The session had no heartbeat.")
             model.refresh_from_db(fields=["status"])
