@@ -78,6 +78,21 @@ def test_a_supervised_loop_lowers_the_loss(
     after = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
     assert after < losses[-1], (after, losses)
 
+    # A custom loss, as the client runs one (`forward`, the loss and its gradient here, a linear
+    # loss's backward there): the weighted cross-entropy by hand costs what Veri's does, and the
+    # step it drives lowers it.
+    def weighted_cross_entropy(batch, logprobs):
+        pairs = zip(batch, logprobs, strict=True)
+        return sum(-(lp * d.loss_fn_inputs["weights"].to_torch()).sum() for d, lp in pairs), {}
+
+    custom = training.forward_backward_custom(data, weighted_cross_entropy)
+    training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    metrics = custom.result().metrics
+    assert metrics["loss:sum"] == pytest.approx(after, rel=1e-5)
+    assert metrics["surrogate_loss:sum"] == pytest.approx(after, rel=1e-5)
+    after = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert after < metrics["loss:sum"]
+
     # What Veri does not support yet is an error the client raises, not a hang or a 500.
     with pytest.raises(tinker.RequestFailedError, match="not supported"):
         training.forward_backward(data, "dro").result()
