@@ -63,6 +63,9 @@ class LaunchSpec:
     # Whose worker routes the machine calls (`/v1/worker/{kind}/{job_id}/…`) with which token:
     # a training job's, or a deployment's replica's.
     kind: str = "jobs"
+    # The id in those routes; empty: `job_id` (a Tinker model's machine is tagged `tinker-<pk>`,
+    # which providers' tags and labels take, and calls its model's routes by its model id).
+    route_id: str = ""
     # A pip requirement the bootstrap installs in a virtualenv of its own, its executables put on
     # the worker's PATH (a replica's vLLM); empty: none.
     engine_requirement: str = ""
