@@ -36,17 +36,25 @@ def cloud_model(workspace, settings, provider: str, gpu_type: str) -> TinkerMode
     return new_model(tinker_client(workspace))
 
 
+def vast_script(fake, request) -> str:
+    [body] = fake.calls("PUT", r"/api/v0/asks/\d+/")
+    return body["onstart"]
+
+
 @pytest.mark.parametrize(
     ("provider", "fixture", "gpu_type", "script_of"),
     [
         ("aws", "ec2", "L4-24GB", aws_script),
         ("digitalocean", "digitalocean", "H100-80GB", digitalocean_script),
+        ("vast", "vast", "RTX4090-24GB", vast_script),
     ],
 )
 def test_a_model_on_a_cloud_provider_boots_the_tinker_worker_with_its_token_alone(
     request, billed, settings, provider, fixture, gpu_type, script_of
 ):
     fake = request.getfixturevalue(fixture)
+    if provider == "vast":
+        fake.add_offer("RTX 4090", 1, "Virginia, US", 0.3)
     model = cloud_model(billed, settings, provider, gpu_type)
     price = catalog.get_provider(provider).gpu(gpu_type).price_per_gpu_hour_micros
     assert (model.provider, model.gpu_type, model.price_per_hour_micros) == (
