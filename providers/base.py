@@ -102,6 +102,12 @@ class ProviderAdapter:
     # loopback).
     serving_ports: range | None = None
 
+    def gpus_per_machine(self, gpu_type: str) -> int | None:
+        """How many GPUs the smallest machine with `gpu_type` that this provider rents carries
+        (None: it rents none). A Tinker model takes one GPU and is billed for one, so it runs
+        only where a machine of one exists."""
+        return 1  # unless an adapter says otherwise, it rents the count asked for
+
     def max_instances(self) -> int | None:
         """How many machines this deployment may hold on the provider at once (None: no limit
         of ours); a launch beyond it waits in `queued` for a free slot, oldest job first."""

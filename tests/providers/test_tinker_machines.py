@@ -85,6 +85,27 @@ def test_a_model_on_a_cloud_provider_boots_the_tinker_worker_with_its_token_alon
     assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0
 
 
+def test_a_zone_without_capacity_moves_the_model_to_the_next_and_none_fails_it(
+    ec2, ec2_endpoint, billed, settings
+):
+    ec2.refusals["us-east-1a"] = "InsufficientInstanceCapacity"
+    model = cloud_model(billed, settings, "aws", "L4-24GB")
+    assert sessions.launch_model(model_pk=model.pk) == "launched"
+    [instance] = instances(ec2_endpoint)
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+
+    # No zone of the region has one: the model fails, the platform's fault, billed nothing.
+    for zone in ("us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"):
+        ec2.refusals[zone] = "InsufficientInstanceCapacity"
+    model = cloud_model(billed, settings, "aws", "L4-24GB")
+    assert sessions.launch_model(model_pk=model.pk) == "provisioning_error"
+    model.refresh_from_db()
+    assert (model.status, model.error_code) == (ModelStatus.FAILED, "provisioning_error")
+    assert "g6.xlarge in us-east-1f" in model.error_message
+    assert model.launched_at is None and model.charged_micros == 0
+    assert len(instances(ec2_endpoint)) == 1
+
+
 def test_the_sweeper_terminates_tinker_machines_no_live_model_owns(
     ec2, ec2_endpoint, billed, settings
 ):

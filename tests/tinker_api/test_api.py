@@ -256,8 +256,8 @@ def test_another_workspaces_checkpoint_is_not_found(tk):
 
 def test_models_run_on_a_cloud_provider_the_deployment_offers_and_rents_at_once(settings):
     """`aws` and `digitalocean` start a model's worker from their bootstrap; a provider not
-    offered, a GPU type it does not list, and GCP's Flex-start (billed while it waits for a GPU)
-    are refused at startup."""
+    offered, a GPU type it does not list or rents only 8 to a machine, and GCP's Flex-start
+    (billed while it waits for a GPU) are refused at startup."""
     settings.VERI_PROVIDER_ADAPTERS = {
         "local": "providers.local.LocalProvider",
         "aws": "providers.aws.AwsProvider",
@@ -271,6 +271,7 @@ def test_models_run_on_a_cloud_provider_the_deployment_offers_and_rents_at_once(
         ("aws", "RTX4090-24GB", "no GPU type 'RTX4090-24GB'"),
         ("vast", "RTX4090-24GB", "not one of this deployment's VERI_PROVIDERS"),
         ("gcp", "H100-80GB", "only once it finds a GPU"),
+        ("aws", "A100-80GB", "smallest machine with A100-80GB carries 8 GPUs"),
     ):
         settings.VERI_TINKER_PROVIDER, settings.VERI_TINKER_GPU_TYPE = provider, gpu_type
         with pytest.raises(SystemCheckError, match=f"tinker_api.E001.*{problem}"):
