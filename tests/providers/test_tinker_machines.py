@@ -6,20 +6,23 @@ from the control plane, which then registers and answers the model's creation (o
 can be installed, ends the model as the platform's provisioning_error, its machine terminated);
 the sweeper terminates a Tinker machine no live model owns."""
 
+import concurrent.futures
 import json
 import shlex
 import subprocess
+import time
 
 import pytest
+from django.core.management import call_command
 
 from providers import catalog
 from tests.conftest import fill_volume
 from tests.providers.conftest import instances
 from tests.providers.test_bootstrap import boot, wheel
 from tests.providers.test_serving_bootstrap import aws_script, digitalocean_script
-from tests.tinker_api.test_api import new_model, tinker_client
+from tests.tinker_api.test_api import new_model, optim, tinker_client
 from tinker_api import tasks
-from tinker_api.models import ModelStatus, TinkerModel
+from tinker_api.models import ModelStatus, TinkerModel, TinkerOperation
 from tinker_api.services import sessions
 from training.services import provisioning
 
@@ -27,12 +30,14 @@ pytestmark = pytest.mark.django_db
 TOKENS = ("VERI_JOB_TOKEN", "VERI_REPLICA_TOKEN", "VERI_SERVING_KEY")  # other kinds' secrets
 
 
-def cloud_model(workspace, settings, provider: str, gpu_type: str) -> TinkerModel:
-    """A model created by a Tinker client while models run on `provider`'s `gpu_type`."""
+def cloud_model(workspace, settings, provider: str, gpu_type: str, files=None) -> TinkerModel:
+    """A model created by a Tinker client while models run on `provider`'s `gpu_type`, its base
+    model the volume folder `models/tiny` of `files` (a stand-in's by default)."""
     settings.VERI_TINKER_PROVIDER = provider
     settings.VERI_TINKER_GPU_TYPE = gpu_type
     settings.VERI_TINKER_WAIT_SECONDS = 0
-    fill_volume(workspace, "models", {"tiny/config.json": b"{}", "tiny/model.bin": b"x"})
+    files = files or {"tiny/config.json": b"{}", "tiny/model.bin": b"x"}
+    fill_volume(workspace, "models", files)
     return new_model(tinker_client(workspace))
 
 
@@ -211,5 +216,54 @@ def test_a_model_machine_whose_bootstrap_fails_ends_as_provisioning_error_and_is
     model.refresh_from_db()
     assert (model.status, model.error_code) == (ModelStatus.FAILED, "provisioning_error"), log
     assert "no wheelhouse for this machine" in model.error_message
+    tasks.stop_machine(model_pk=model.pk)  # queued by the model's end
+    assert instances(ec2_endpoint)[0]["State"]["Name"] == "terminated"
+
+
+def wait_for(what, deadline_seconds: float):
+    """Poll `what()` until it answers something true, or fail after the deadline."""
+    deadline = time.monotonic() + deadline_seconds
+    while not (answer := what()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+    return answer
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_model_machine_runs_the_real_tinker_worker_until_its_session_ends(
+    request, booting, billed, ec2, ec2_endpoint, settings, tiny_model, tmp_path
+):
+    """The whole life of a model on a rented machine, the machine played by this one (no GPU,
+    so the worker runs on the CPU): the bootstrap installs the real worker from the control
+    plane's wheelhouse, which loads the tiny model and answers its creation and an optimizer
+    step; the session ends, the worker saves the model's state, exits when told, and the
+    machine is terminated."""
+    settings.VERI_TINKER_SESSION_TIMEOUT_SECONDS = 900  # this test sends no heartbeat
+    call_command("worker_wheelhouse", "--backend", "cpu", "--torch-index-url", "")
+    files = {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir()}
+    model = cloud_model(billed, settings, "aws", "L4-24GB", files)
+    settings.VERI_TINKER_WAIT_SECONDS = 1  # cloud_model's 0 would make the worker spin
+    assert sessions.launch_model(model_pk=model.pk) == "launched"
+    script = aws_script(ec2, request)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        booted = pool.submit(boot, tmp_path, script)
+        ready = wait_for(
+            lambda: booted.done() or TinkerModel.objects.filter(pk=model.pk, status="ready"), 600
+        )
+        assert ready is not True, booted.result()[1]  # the machine ended before the model was ready
+        step = optim(tinker_client(billed), model, 1).json()["request_id"]
+        done = wait_for(lambda: TinkerOperation.objects.filter(request_id=step, status="done"), 300)
+        assert done[0].result["metrics"]["grad_norm:mean"] == 0.0  # no gradients yet
+        sessions.end_session(session=model.session, reason="The client closed its session.")
+        status, log, _ = booted.result(timeout=300)
+
+    assert status == 0, log
+    model.refresh_from_db()
+    assert (model.status, model.error_code) == (ModelStatus.ENDED, "session_ended"), log
+    assert "Its state is saved as tinker://" in model.error_message, model.error_message
+    assert f"[veri] tinker model {model.model_id} loaded" in log  # the real worker, not a stand-in
+    assert "source=wheelhouse" in log and "[veri] worker exited with 0" in log
     tasks.stop_machine(model_pk=model.pk)  # queued by the model's end
     assert instances(ec2_endpoint)[0]["State"]["Name"] == "terminated"
