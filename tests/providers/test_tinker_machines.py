@@ -11,16 +11,19 @@ import json
 import shlex
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
+from billing.models import LedgerEntry
 from providers import catalog
 from tests.conftest import fill_volume
 from tests.providers.conftest import instances
 from tests.providers.test_bootstrap import boot, wheel
 from tests.providers.test_serving_bootstrap import aws_script, digitalocean_script
-from tests.tinker_api.test_api import new_model, optim, tinker_client
+from tests.tinker_api.test_api import new_model, optim, tinker_client, worker
 from tinker_api import tasks
 from tinker_api.models import ModelStatus, TinkerModel, TinkerOperation
 from tinker_api.services import sessions
@@ -109,6 +112,36 @@ def test_a_zone_without_capacity_moves_the_model_to_the_next_and_none_fails_it(
     assert "g6.xlarge in us-east-1f" in model.error_message
     assert model.launched_at is None and model.charged_micros == 0
     assert len(instances(ec2_endpoint)) == 1
+
+
+def test_a_machine_whose_worker_never_starts_ends_its_model_credited(
+    ec2, ec2_endpoint, billed, settings
+):
+    """A bootstrap stuck (or a worker that cannot call back) past VERI_PROVISIONING_TIMEOUT_SECONDS:
+    the model ends as the platform's provisioning_timeout, its uptime credited back, its machine
+    terminated; a model whose worker asked for its spec in time is left starting."""
+    stuck, loading = (cloud_model(billed, settings, "aws", "L4-24GB") for _ in range(2))
+    for model in (stuck, loading):
+        assert sessions.launch_model(model_pk=model.pk) == "launched"
+    launched = timezone.now() - timedelta(seconds=settings.VERI_PROVISIONING_TIMEOUT_SECONDS + 60)
+    TinkerModel.objects.update(launched_at=launched)
+    loader = worker(loading)  # its worker, with a fresh token of its model
+    registered = loader.post(f"{loader.base}/register")
+    assert registered.status_code == 200, registered.json()
+
+    tasks.sweep_models()
+
+    stuck.refresh_from_db()
+    assert (stuck.status, stuck.error_code) == (ModelStatus.FAILED, "provisioning_timeout")
+    assert stuck.charged_micros > 0
+    credited = LedgerEntry.objects.filter(
+        workspace=billed, kind="refund_credit", idempotency_key__contains=stuck.model_id
+    )
+    assert credited.get().amount_micros == stuck.charged_micros  # the whole uptime, back
+    assert TinkerModel.objects.get(pk=loading.pk).status == ModelStatus.STARTING
+    tasks.stop_machine(model_pk=stuck.pk)  # queued by the model's end
+    states = {i["InstanceId"]: i["State"]["Name"] for i in instances(ec2_endpoint)}
+    assert states[stuck.external_id.split("/")[1]] == "terminated"
 
 
 def test_the_sweeper_terminates_tinker_machines_no_live_model_owns(

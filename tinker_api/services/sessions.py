@@ -463,10 +463,30 @@ def credit_lost_uptime(*, model: TinkerModel) -> int:
     return amount
 
 
+def end_unstarted(*, now) -> None:
+    """A machine whose worker never asked for its model within VERI_PROVISIONING_TIMEOUT_SECONDS
+    of the launch (a rented machine's bootstrap stuck, or its worker unable to call back): the
+    model ends as the platform's `provisioning_timeout`, its uptime credited, its machine
+    terminated, rather than billing while the client waits."""
+    limit = settings.VERI_PROVISIONING_TIMEOUT_SECONDS
+    for model in TinkerModel.objects.filter(
+        status=ModelStatus.STARTING,
+        last_seen_at__isnull=True,
+        launched_at__lt=now - timedelta(seconds=limit),
+    ):
+        end_model(
+            model=model,
+            status=ModelStatus.FAILED,
+            code="provisioning_timeout",
+            message=f"The model's worker did not start within {limit} s of its machine's launch.",
+        )
+
+
 def sweep(*, now=None) -> None:
     """The periodic task's body: charge running models that are due, end the models of spent
     workspaces and idle sessions (their state saved), end models whose machine is gone (without
-    a client polling to notice) or whose end's save never finished."""
+    a client polling to notice), whose worker never started, or whose end's save never
+    finished."""
     now = now or timezone.now()
     due = now - timedelta(seconds=settings.VERI_TINKER_CHARGE_SECONDS)
     live = TinkerModel.objects.filter(status__in=MODEL_LIVE, launched_at__isnull=False)
@@ -487,6 +507,7 @@ def sweep(*, now=None) -> None:
     for session in open_sessions.filter(models__status__in=MODEL_LIVE).distinct():
         if session_idle(session):
             end_session(session=session, reason="The session had no heartbeat for too long.")
+    end_unstarted(now=now)
     stalled = now - timedelta(seconds=settings.VERI_TINKER_SAVE_TIMEOUT_SECONDS)
     for model in TinkerModel.objects.filter(status__in=MODEL_LIVE):
         check_machine(model=model)

@@ -41,6 +41,8 @@ def authenticate(*, model_id: str, raw: str) -> TinkerModel | None:
 
 
 def spec(*, model: TinkerModel) -> dict:
+    """What the worker loads, asked once it runs: from then on the model has a worker (seen)."""
+    _seen(model)
     return {
         "model_id": model.model_id,
         "base_model": base_model_spec(workspace=model.workspace, base_model=model.base_model),
