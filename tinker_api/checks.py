@@ -2,9 +2,9 @@
 
 from django.conf import settings
 from django.core import checks
-from django.utils.module_loading import import_string
 
 from providers import catalog
+from providers.services import get_adapter
 
 
 @checks.register(checks.Tags.compatibility)
@@ -40,7 +40,7 @@ def _problem(provider: str, gpu_type: str, region: str) -> str | None:
         return f"its catalog has no GPU type {gpu_type!r} (VERI_TINKER_GPU_TYPE): {listed}"
     if not spec.zones.get(region):
         return f"it has no zone in VERI_DEFAULT_REGION={region!r}"
-    adapter = import_string(settings.VERI_PROVIDER_ADAPTERS[provider])()
+    adapter = get_adapter(provider)
     if adapter.waits_for_capacity:
         return (
             "it rents a machine only once it finds a GPU, and a Tinker model is billed from "
