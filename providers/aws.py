@@ -77,6 +77,9 @@ class AwsProvider(ProviderAdapter):
             config=Config(connect_timeout=10, read_timeout=30, retries={"mode": "standard"}),
         )
 
+    def gpus_per_machine(self, gpu_type: str) -> int | None:
+        return min((n for n, _ in INSTANCE_TYPES.get(gpu_type, ())), default=None)
+
     def preemption_notice(self, job_id: str) -> str:
         """An interruption notice (spot: two minutes ahead), from the instance metadata."""
         return "aws"

@@ -63,6 +63,9 @@ class LaunchSpec:
     # Whose worker routes the machine calls (`/v1/worker/{kind}/{job_id}/…`) with which token:
     # a training job's, or a deployment's replica's.
     kind: str = "jobs"
+    # The id in those routes; empty: `job_id` (a Tinker model's machine is tagged `tinker-<pk>`,
+    # which providers' tags and labels take, and calls its model's routes by its model id).
+    route_id: str = ""
     # A pip requirement the bootstrap installs in a virtualenv of its own, its executables put on
     # the worker's PATH (a replica's vLLM); empty: none.
     engine_requirement: str = ""
@@ -98,6 +101,12 @@ class ProviderAdapter:
     # The ports a replica may serve on (those opened at launch); None: any (the local provider's
     # loopback).
     serving_ports: range | None = None
+
+    def gpus_per_machine(self, gpu_type: str) -> int | None:
+        """How many GPUs the smallest machine with `gpu_type` that this provider rents carries
+        (None: it rents none). A Tinker model takes one GPU and is billed for one, so it runs
+        only where a machine of one exists."""
+        return 1  # unless an adapter says otherwise, it rents the count asked for
 
     def max_instances(self) -> int | None:
         """How many machines this deployment may hold on the provider at once (None: no limit

@@ -1,7 +1,8 @@
 """The first-boot script of a rented machine: fetch the installer, the worker and its wheelhouse
 from this control plane, install them into a Python of the worker's version, and run one job with
-its job token, or one replica of a deployment with its replica token (then also installing the
-serving engine, vLLM). One template for every cloud provider."""
+its job token, one replica of a deployment with its replica token (then also installing the
+serving engine, vLLM), or one Tinker training client's model with its model token. One template
+for every cloud provider."""
 
 import shlex
 
@@ -16,19 +17,26 @@ ENGINE = Engine(
     dirs=[settings.BASE_DIR / "providers" / "templates"], builtins=["providers.bootstrap"]
 )
 SELF_STOP_MINUTES = 10
+# Whose worker a machine runs (LaunchSpec.kind: its routes, /v1/worker/{kind}/{id}/…) and the
+# variable of spec.env that holds its token, the one secret the bootstrap itself uses.
+TOKENS = {
+    "jobs": "VERI_JOB_TOKEN",
+    "replicas": "VERI_REPLICA_TOKEN",
+    "tinker_models": "VERI_TINKER_TOKEN",
+}
 
 
 def render(spec: LaunchSpec) -> str:
     env = sorted(spec.env.items())
     names = [name for name, _ in env]
     assert all(name.isidentifier() for name in names), names  # our own names, never customers'
-    assert spec.kind in ("jobs", "replicas"), spec.kind
+    assert TOKENS.get(spec.kind) in spec.env, spec.kind
     return ENGINE.get_template("providers/bootstrap.sh").render(
         Context(
             {
-                "job_id": spec.job_id,
+                "job_id": spec.route_id or spec.job_id,
                 "kind": spec.kind,
-                "token_name": "VERI_REPLICA_TOKEN" if spec.kind == "replicas" else "VERI_JOB_TOKEN",
+                "token_name": TOKENS[spec.kind],
                 "worker_command": spec.worker_command(),
                 "engine_requirement": spec.engine_requirement,
                 "api_url": spec.api_url,

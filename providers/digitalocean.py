@@ -92,6 +92,9 @@ class DigitalOceanProvider(ProviderAdapter):
     def is_configured(self) -> bool:
         return bool(self.token())
 
+    def gpus_per_machine(self, gpu_type: str) -> int | None:
+        return min(SIZES.get(gpu_type, {}), default=None)
+
     def launch(self, spec: LaunchSpec) -> str:
         size = size_for(spec.gpu_type, spec.gpu_count)
         if size is None:

@@ -3,16 +3,18 @@ own model only, dead once the model ends). The worker pulls: nothing reaches int
 What it sends is hostile input."""
 
 from django.conf import settings
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from providers import worker_dist
 from tinker_api import wire
 from tinker_api.models import OpKind, TinkerModel
 from tinker_api.services import checkpoints, workers
-from training.worker_api import bearer_token
+from training.worker_api import WorkerBootstrapView, bearer_token
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
@@ -52,6 +54,21 @@ OK = inline_serializer("TinkerWorkerOk", {"ok": serializers.BooleanField()})
 class ModelWorkerView(ValidatingView):
     authentication_classes = [ModelTokenAuthentication]
     permission_classes = [HasModelToken]
+
+
+class BootstrapView(ModelWorkerView):
+    @extend_schema(
+        parameters=[WorkerBootstrapView.WorkerBootstrapIn],
+        responses={200: OpenApiTypes.STR},
+        operation_id="tinker_worker_bootstrap",
+        summary="What a Tinker model's machine's bootstrap installs",
+        description="The same manifest as a job's machine gets (`GET /v1/worker/jobs/{id}/"
+        "bootstrap`): a rented machine holding a Tinker model installs the same worker.",
+    )
+    def get(self, request: Request, model_id: str) -> HttpResponse:
+        cuda = self.validated(WorkerBootstrapView.WorkerBootstrapIn, request.query_params)["cuda"]
+        text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
+        return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 
 class RegisterView(ModelWorkerView):

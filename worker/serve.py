@@ -51,12 +51,13 @@ def generate(
     import torch
 
     generator = None if seed is None else torch.Generator().manual_seed(seed % 2**63)
-    past, step = None, torch.tensor([ids])
+    device = getattr(model, "device", "cpu")  # the Tinker worker's model is on its GPU, if any
+    past, step = None, torch.tensor([ids], device=device)
     with torch.no_grad():
         for _ in range(max_tokens):
             out = model(input_ids=step, cache=past, use_cache=True)
             past = out.cache
-            logits = out.logits[0, -1].float()
+            logits = out.logits[0, -1].float().cpu()  # sampled with the (CPU) seeded generator
             logprobs = torch.log_softmax(logits, -1)
             if temperature == 0:
                 token = int(torch.argmax(logits))
@@ -76,7 +77,7 @@ def generate(
             yield token, float(logprobs[token]), top
             if token in stop_tokens:
                 return
-            step = torch.tensor([[token]])
+            step = torch.tensor([[token]], device=device)
 
 
 class Engine:

@@ -40,7 +40,10 @@ class TinkerModel:
 
         if lora.get("seed") is not None:
             torch.manual_seed(int(lora["seed"]))
+        # On the machine's GPU when it has one (a cloud provider's), else on the CPU.
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        model.to(self.device)
         linear = {
             name.rsplit(".", 1)[-1]
             for name, module in model.named_modules()
@@ -79,8 +82,8 @@ class TinkerModel:
             )
         outputs, total = [], 0.0
         for index, datum in enumerate(data):
-            tokens = torch.tensor(datum["tokens"], dtype=torch.int64)
-            inputs = {name: from_wire(t) for name, t in datum["inputs"].items()}
+            tokens = torch.tensor(datum["tokens"], dtype=torch.int64, device=self.device)
+            inputs = {name: from_wire(t).to(self.device) for name, t in datum["inputs"].items()}
             targets = inputs.get("target_tokens")
             if targets is None or targets.dim() != 1 or targets.numel() != tokens.numel():
                 raise LossInputError(

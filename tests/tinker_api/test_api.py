@@ -261,9 +261,27 @@ def test_another_workspaces_checkpoint_is_not_found(tk):
     assert tk.post("/api/v1/load_weights", mine, format="json").status_code == 200
 
 
-def test_models_on_a_rented_gpu_are_refused_at_startup_without_a_bootstrap(settings):
-    settings.VERI_TINKER_PROVIDER = "aws"
-    with pytest.raises(SystemCheckError, match="tinker_api.E001"):
+def test_models_run_on_a_cloud_provider_the_deployment_offers_and_rents_at_once(settings):
+    """`aws` and `digitalocean` start a model's worker from their bootstrap; a provider not
+    offered, a GPU type it does not list or rents only 8 to a machine, and GCP's Flex-start
+    (billed while it waits for a GPU) are refused at startup."""
+    settings.VERI_PROVIDER_ADAPTERS = {
+        "local": "providers.local.LocalProvider",
+        "aws": "providers.aws.AwsProvider",
+        "digitalocean": "providers.digitalocean.DigitalOceanProvider",
+        "gcp": "providers.gcp.GcpProvider",
+    }
+    for provider, gpu_type in (("aws", "L4-24GB"), ("digitalocean", "H100-80GB")):
+        settings.VERI_TINKER_PROVIDER, settings.VERI_TINKER_GPU_TYPE = provider, gpu_type
         call_command("check")
-    settings.VERI_TINKER_PROVIDER = "local"
+    for provider, gpu_type, problem in (
+        ("aws", "RTX4090-24GB", "no GPU type 'RTX4090-24GB'"),
+        ("vast", "RTX4090-24GB", "not one of this deployment's VERI_PROVIDERS"),
+        ("gcp", "H100-80GB", "only once it finds a GPU"),
+        ("aws", "A100-80GB", "smallest machine with A100-80GB carries 8 GPUs"),
+    ):
+        settings.VERI_TINKER_PROVIDER, settings.VERI_TINKER_GPU_TYPE = provider, gpu_type
+        with pytest.raises(SystemCheckError, match=f"tinker_api.E001.*{problem}"):
+            call_command("check")
+    settings.VERI_TINKER_PROVIDER, settings.VERI_TINKER_GPU_TYPE = "local", "cpu"
     call_command("check")

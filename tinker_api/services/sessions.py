@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing import services as billing
 from providers import catalog
-from providers.base import LaunchSpec, ProviderError
+from providers.base import CapacityError, LaunchSpec, ProviderError
 from providers.services import get_adapter
 from tinker_api.models import (
     MODEL_LIVE,
@@ -216,7 +216,10 @@ def create_model(
 
 
 def launch_model(*, model_pk: int) -> str:
-    """Launch the model's worker (the task's body; a second run finds it claimed)."""
+    """Launch the model's worker (the task's body; a second run finds it claimed): on the local
+    provider a process here, on a cloud one a machine whose bootstrap (providers/bootstrap.py)
+    installs the worker and runs `python -m worker tinker` with the model's token, tried in each
+    zone of the region in turn while the provider has no capacity."""
     claimed = TinkerModel.objects.filter(
         pk=model_pk, status=ModelStatus.STARTING, external_id=""
     ).update(external_id=LAUNCHING)
@@ -226,28 +229,37 @@ def launch_model(*, model_pk: int) -> str:
     token = mint_token(model=model)
     region = settings.VERI_DEFAULT_REGION
     api = settings.VERI_PUBLIC_URL
-    spec = LaunchSpec(
-        job_id=machine_tag(model.pk),
-        region=region,
-        zone=catalog.get_provider(model.provider).zones[region][0],
-        gpu_type=model.gpu_type,
-        gpu_count=1,
-        api_url=api,
-        env={"VERI_TINKER_TOKEN": token, "VERI_API_URL": api},
-        worker_args=("tinker", "--model", model.model_id, "--api", api),
-    )
-    try:
-        external_id = get_adapter(model.provider).launch(spec)
-    except ProviderError as exc:
-        TinkerModel.objects.filter(pk=model.pk).update(external_id="")
-        end_model(
-            model=model, status=ModelStatus.FAILED, code="provisioning_error", message=str(exc)
+    adapter = get_adapter(model.provider)
+    problems = []
+    for zone in catalog.get_provider(model.provider).zones.get(region, ()):
+        spec = LaunchSpec(
+            job_id=machine_tag(model.pk),
+            region=region,
+            zone=zone,
+            gpu_type=model.gpu_type,
+            gpu_count=1,
+            api_url=api,
+            env={"VERI_TINKER_TOKEN": token, "VERI_API_URL": api},
+            worker_args=("tinker", "--model", model.model_id, "--api", api),
+            kind="tinker_models",
+            route_id=model.model_id,
         )
-        return "provisioning_error"
-    TinkerModel.objects.filter(pk=model.pk).update(
-        external_id=external_id, launched_at=timezone.now()
-    )
-    return "launched"
+        try:
+            external_id = adapter.launch(spec)
+        except CapacityError as exc:  # none in this zone: the next may have one
+            problems.append(str(exc))
+            continue
+        except ProviderError as exc:
+            problems.append(str(exc))
+            break
+        TinkerModel.objects.filter(pk=model.pk).update(
+            external_id=external_id, launched_at=timezone.now()
+        )
+        return "launched"
+    TinkerModel.objects.filter(pk=model.pk).update(external_id="")
+    message = "; ".join(problems) or f"{model.provider} has no zone in {region}"
+    end_model(model=model, status=ModelStatus.FAILED, code="provisioning_error", message=message)
+    return "provisioning_error"
 
 
 def mint_token(*, model: TinkerModel) -> str:
@@ -451,10 +463,30 @@ def credit_lost_uptime(*, model: TinkerModel) -> int:
     return amount
 
 
+def end_unstarted(*, now) -> None:
+    """A machine whose worker never asked for its model within VERI_PROVISIONING_TIMEOUT_SECONDS
+    of the launch (a rented machine's bootstrap stuck, or its worker unable to call back): the
+    model ends as the platform's `provisioning_timeout`, its uptime credited, its machine
+    terminated, rather than billing while the client waits."""
+    limit = settings.VERI_PROVISIONING_TIMEOUT_SECONDS
+    for model in TinkerModel.objects.filter(
+        status=ModelStatus.STARTING,
+        last_seen_at__isnull=True,
+        launched_at__lt=now - timedelta(seconds=limit),
+    ):
+        end_model(
+            model=model,
+            status=ModelStatus.FAILED,
+            code="provisioning_timeout",
+            message=f"The model's worker did not start within {limit} s of its machine's launch.",
+        )
+
+
 def sweep(*, now=None) -> None:
     """The periodic task's body: charge running models that are due, end the models of spent
     workspaces and idle sessions (their state saved), end models whose machine is gone (without
-    a client polling to notice) or whose end's save never finished."""
+    a client polling to notice), whose worker never started, or whose end's save never
+    finished."""
     now = now or timezone.now()
     due = now - timedelta(seconds=settings.VERI_TINKER_CHARGE_SECONDS)
     live = TinkerModel.objects.filter(status__in=MODEL_LIVE, launched_at__isnull=False)
@@ -474,6 +506,7 @@ def sweep(*, now=None) -> None:
     for session in open_sessions.filter(models__status__in=MODEL_LIVE).distinct():
         if session_idle(session):
             end_session(session=session, reason="The session had no heartbeat for too long.")
+    end_unstarted(now=now)
     stalled = now - timedelta(seconds=settings.VERI_TINKER_SAVE_TIMEOUT_SECONDS)
     for model in TinkerModel.objects.filter(status__in=MODEL_LIVE):
         check_machine(model=model)

@@ -24,6 +24,9 @@ from tinker_api.services.base_models import base_model_spec
 from veri.errors import NotFound, VeriError
 
 REPORTABLE_CODES = {"model_load_error"}  # what a worker may say of itself
+# What a rented machine's bootstrap says before the model is ready (it could not install the
+# worker): the platform's fault. Believed only then; no customer code ever runs on the machine.
+STARTING_CODES = {"provisioning_error"}
 
 
 def authenticate(*, model_id: str, raw: str) -> TinkerModel | None:
@@ -39,6 +42,8 @@ def authenticate(*, model_id: str, raw: str) -> TinkerModel | None:
 
 
 def spec(*, model: TinkerModel) -> dict:
+    """What the worker loads, asked once it runs: from then on the model has a worker (seen)."""
+    _seen(model)
     return {
         "model_id": model.model_id,
         "base_model": base_model_spec(workspace=model.workspace, base_model=model.base_model),
@@ -130,6 +135,7 @@ def finish_operation(
 
 
 def report_failure(*, model: TinkerModel, code: str, message: str) -> None:
-    if code not in REPORTABLE_CODES:
+    starting = model.status == ModelStatus.STARTING and code in STARTING_CODES
+    if code not in REPORTABLE_CODES and not starting:
         code = "worker_failed"
     sessions.end_model(model=model, status=ModelStatus.FAILED, code=code, message=message)

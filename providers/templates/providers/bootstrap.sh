@@ -15,8 +15,8 @@ mkdir -p "$root/work" "$root/mnt" "$dist/wheels"
 exec >>"$root/bootstrap.log" 2>&1
 echo "[veri] bootstrap for $job at $(date -u +%FT%TZ)"
 
-# What the worker needs: the control plane's URL and this job's (or replica's) token, never an
-# API key.
+# What the worker needs: the control plane's URL and this job's (replica's, Tinker model's)
+# token, never an API key.
 umask 077
 cat >"$root/env" <<'VERI_ENV'
 {% for name, value in env %}{{ name }}={{ value|shell }}
@@ -35,16 +35,16 @@ end_machine() {
   curl -sS -o /dev/null -w "[veri] release answered %{http_code}\n" -m 30 --retry 4 \
     --retry-delay 5 -X POST -H "Authorization: Bearer ${token:-$worker_token}" \
     "$routes/release" || echo "[veri] release failed"
-{% else %}  # A replica's machine is terminated by the control plane when it ends the replica (its
-  # token dies then, so there is nothing to ask with).
+{% else %}  # A replica's (or a Tinker model's) machine is terminated by the control plane when it
+  # ends the replica (the model), whose token dies then, so there is nothing to ask with.
 {% endif %}  # If the control plane cannot delete it, the machine ends itself within
   # {{ self_stop_minutes }} minutes rather than renting on.
   ${VERI_SHUTDOWN:-shutdown} -h +{{ self_stop_minutes }}
 }
 
 # The machine could not be made ready. No customer code exists here yet, so the control plane
-# believes this report (only before the worker registers, or while a replica starts) and the job
-# or replica ends as the platform's provisioning_error, refunded.
+# believes this report (only before the worker registers, or while a replica or a Tinker model
+# starts) and the job, replica or model ends as the platform's provisioning_error, refunded.
 fail() {
   echo "[veri] bootstrap failed: $1"
 {% if kind == "jobs" %}  curl -sS --max-time 30 -X POST -H "Authorization: Bearer $worker_token" \
