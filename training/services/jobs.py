@@ -230,15 +230,15 @@ def _resolve_dataset(
 
 
 def _resolve_fine_tuned(workspace: Workspace, sub: Submission) -> tuple[str, Checkpoint | None]:
-    """The base model and the adapter to train on from: a fine-tuned model's name (`ft:…`)
-    stands for the base it was trained on with its final adapter; `adapter_from` names a
-    checkpoint of this workspace directly."""
+    """The base model and the adapter to train on from: a fine-tuned model's name (`ft:…`, or a
+    Tinker save's `tinker://…` path) stands for the base it was trained on with its adapter;
+    `adapter_from` names a checkpoint of this workspace directly."""
     base_model = sub.base_model
-    if isinstance(base_model, str) and base_model.startswith("ft:"):
+    if isinstance(base_model, str) and base_model.startswith(hooks.FACE_NAMES):
         found = hooks.fine_tuned_model(workspace=workspace, name=base_model)
         if found is None:
             raise VeriError(
-                f"No fine-tuned model {base_model[:200]!r} in this workspace.",
+                f"No fine-tuned model or Tinker save {base_model[:200]!r} in this workspace.",
                 field="base_model",
                 code="invalid_base_model",
             )
@@ -387,6 +387,14 @@ def _resolve_checkpoint(workspace: Workspace, checkpoint_id: str | None, method:
     if checkpoint is None:
         raise VeriError(
             f"No checkpoint {checkpoint_id!r} in this workspace.",
+            field="resume_from",
+            code="invalid_checkpoint",
+        )
+    if checkpoint.job is None:  # its optimizer state is the face's own, not a trainer's
+        raise VeriError(
+            f"Checkpoint {checkpoint_id} was saved by a Tinker training client, not by a job: "
+            "a job cannot resume its optimizer. Train on from its adapter with "
+            "adapter_from (or base_model set to its tinker:// path).",
             field="resume_from",
             code="invalid_checkpoint",
         )
