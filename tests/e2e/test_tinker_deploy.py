@@ -1,6 +1,7 @@
 """A state the official `tinker` SDK saved is a Veri checkpoint: its `tinker://` path deploys
 as an adapter on the Tinker model's base, and the official `openai` client's greedy answer from
-that deployment is what transformers + PEFT answer with the downloaded adapter."""
+that deployment is what transformers + PEFT answer with the downloaded adapter; a managed job
+named by that path trains on from the adapter."""
 
 import openai
 import pytest
@@ -12,7 +13,7 @@ from tests.conftest import assert_error
 from tests.e2e.test_serving import QUESTION, ask, deploy, peft_greedy
 from tests.e2e.test_tinker import stop_models, tinker_key  # noqa: F401 - fixtures
 from tests.e2e.test_tinker_checkpoints import download_adapter
-from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
+from tests.e2e.test_training import TINY, platform, submit, wait_settled  # noqa: F401
 from tests.openai_api.conftest import openai_client
 from training.models import Checkpoint
 
@@ -35,6 +36,17 @@ def chat_datum(tokenizer) -> types.Datum:
     )
 
 
+def train_and_save(training, datum: types.Datum, steps: int) -> str:
+    """`steps` × (forward_backward + optim_step) on `datum`, then `save_state("plum")`: its path."""
+    losses = []
+    for _ in range(steps):
+        backward = training.forward_backward([datum], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        losses.append(backward.result().metrics["loss:sum"])
+    assert losses[-1] < 0.5 * losses[0], losses  # it learnt the answer
+    return training.save_state("plum").result().path
+
+
 def test_a_tinker_save_deploys_and_the_openai_client_gets_what_peft_answers(
     platform,  # noqa: F811
     live_server,
@@ -48,15 +60,9 @@ def test_a_tinker_save_deploys_and_the_openai_client_gets_what_peft_answers(
 ):
     platform()
     service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
-    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     datum = chat_datum(AutoTokenizer.from_pretrained(tiny_model))
-    losses = []
-    for _ in range(STEPS):
-        backward = training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
-        losses.append(backward.result().metrics["loss:sum"])
-    assert losses[-1] < 0.2 * losses[0], losses  # it learnt the answer
-    path = training.save_state("plum").result().path
+    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    path = train_and_save(training, datum, STEPS)
     assert path == f"tinker://{training.model_id}/weights/plum"
 
     # Its adapter is a Veri checkpoint of the workspace, on the Tinker model's base.
@@ -85,3 +91,27 @@ def test_a_tinker_save_deploys_and_the_openai_client_gets_what_peft_answers(
     assert ask(client, TINY).choices[0].message.content == base_text  # the base, same replica
     with pytest.raises(openai.NotFoundError):
         ask(openai_client(live_server, other_api_client.raw_key), path)
+
+    # A managed job named by the path trains on from the adapter, on the Tinker model's base;
+    # not from this one, which covers the LM head (Tinker's default train_unembed): the trainers
+    # cannot, and submit says so before anything is rented.
+    rows = [{"messages": QUESTION + ANSWER}] * 8
+    job = {
+        "method": "sft_text",
+        "hyperparameters": {"max_steps": 2, "batch_size": 4, "max_seq_length": 64},
+    }
+    refused = api_client.post(
+        "/v1/training_jobs", {"base_model": path, "dataset_id": "ds_x", **job}, format="json"
+    )
+    assert "train_unembed=False" in assert_error(refused, 400, "invalid_base_model")["message"]
+    body = service.create_lora_training_client(
+        base_model=TINY, rank=8, seed=0, train_unembed=False
+    ).result()
+    body_path = train_and_save(body, datum, 4)
+    job_id = submit(api_client, rows, base_model=body_path, **job)
+    job = wait_settled(job_id)
+    assert job.status == "completed", (job.error_code, job.error_message)
+    adapter = Checkpoint.objects.get(tinker_save__model__model_id=body.model_id)
+    assert (job.base_model, job.adapter_from) == (TINY, adapter)
+    log = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
+    assert f"training on from the adapter of {adapter.public_id}" in log

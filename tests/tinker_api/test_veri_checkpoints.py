@@ -1,7 +1,9 @@
 """A Tinker save's LoRA adapter is a Veri checkpoint: a managed job named by its `tinker://` path
-trains on from it on the Tinker model's base, its worker fetching the saved adapter's files; it
-is no job's `resume_from` (its optimizer state is Tinker's); deleting the save deletes it; another
-workspace's path names nothing."""
+trains on from it on the Tinker model's base, its worker fetching the saved adapter's files, unless
+it covers the LM head; it is no job's `resume_from` (its optimizer state is Tinker's); deleting the
+save deletes it; another workspace's path names nothing."""
+
+import json
 
 import pytest
 
@@ -10,9 +12,10 @@ from tests.conftest import assert_error, client_for, get_url
 from tests.tinker_api.test_listing import new_model, new_session, save_checkpoint
 from tests.training.conftest import dataset, job_body, submit  # noqa: F401 - fixtures
 from tinker_api.services import checkpoints
-from training.models import Checkpoint
+from training.models import Checkpoint, TrainingJob
 from training.services.worker import build_spec
 from veri import services as veri_services
+from volumes.stores import store_for
 
 pytestmark = pytest.mark.django_db
 
@@ -44,6 +47,26 @@ def test_a_job_named_by_a_tinker_path_trains_on_from_its_adapter(
     assert fetched["adapter_model.safetensors"] == stored
 
 
+def test_a_save_covering_the_lm_head_is_refused_at_submit(
+    api_client,
+    saved,
+    dataset,  # noqa: F811
+    cloud,
+):
+    """Tinker trains the unembedding by default; the managed trainers cannot train on from it."""
+    prefix = checkpoints.as_veri_checkpoint(saved).prefix
+    store, key = store_for(prefix), prefix.key("adapter_config.json")
+    config = json.loads(store.get_bytes(key)) | {"target_modules": ["lm_head", "q_proj"]}
+    store.put_bytes(key, json.dumps(config).encode())
+    path = checkpoints.tinker_path(saved)
+    refused = api_client.post(
+        "/v1/training_jobs", job_body(dataset, base_model=path), format="json"
+    )
+    error = assert_error(refused, 400, "invalid_base_model", "base_model")
+    assert "lm_head" in error["message"] and "train_unembed=False" in error["message"]
+    assert not TrainingJob.objects.exists()
+
+
 def test_a_tinker_save_is_no_resume_from_and_goes_with_its_save(
     api_client,
     saved,
@@ -56,7 +79,7 @@ def test_a_tinker_save_is_no_resume_from_and_goes_with_its_save(
         "/v1/training_jobs", job_body(dataset, resume_from=adapter.public_id), format="json"
     )
     error = assert_error(refused, 400, "invalid_checkpoint", "resume_from")
-    assert "adapter_from" in error["message"] and "Tinker" in error["message"]
+    assert "base_model set to its tinker:// path" in error["message"]
 
     checkpoints.delete(saved)
     assert not Checkpoint.objects.filter(pk=adapter.pk).exists()
