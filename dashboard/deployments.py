@@ -156,9 +156,16 @@ def job_deploy(request, job_id: str):
     deployment already serving it."""
     job = workspace_job(request, job_id)
     name = services.deployable_name(job)
+    back = reverse("dashboard:job", args=[job.public_id])
+    if name is None:
+        return _not_deployed(request, f"{job.public_id} has no trained adapter to deploy.", back)
+    return deploy_adapter(request, name, back=back)
+
+
+def deploy_adapter(request, name: str, *, back: str):
+    """Deploy the adapter `name` on the defaults (scale to zero when idle), or go to the
+    deployment already serving it; a refusal is a page with a link `back`."""
     try:
-        if name is None:
-            raise VeriError(f"{job.public_id} has no trained adapter to deploy.")
         deployment = services.create_deployment(
             workspace=request.workspace, base_model=None, adapters=[name], shape=services.Shape()
         )
@@ -166,14 +173,14 @@ def job_deploy(request, job_id: str):
         messages.info(request, f"{name} is already deployed here.")
         return redirect("dashboard:deployment", deployment_id=exc.extra["deployment_id"])
     except VeriError as exc:
-        context = {
-            "title": "Not deployed",
-            "message": exc.message,
-            "back": reverse("dashboard:job", args=[job.public_id]),
-        }
-        return render(request, "dashboard/message.html", context, status=400)
+        return _not_deployed(request, exc.message, back)
     messages.success(request, f"Deploying {name}: its first replica is starting.")
     return redirect("dashboard:deployment", deployment_id=deployment.public_id)
+
+
+def _not_deployed(request, message: str, back: str):
+    context = {"title": "Not deployed", "message": message, "back": back}
+    return render(request, "dashboard/message.html", context, status=400)
 
 
 @workspace_view

@@ -1,12 +1,14 @@
-"""The Tinker page: the workspace's Tinker keys, and its sessions with their models (status,
-operations, tokens, cost) and saved checkpoints to download."""
+"""The Tinker page: the workspace's Tinker keys, its saved states (each to download or deploy),
+and its sessions with their models (status, operations, tokens, cost) and saved checkpoints."""
 
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
+from dashboard.deployments import deploy_adapter
 from dashboard.forms import ApiKeyForm
 from dashboard.workspaces import int_param, or_404, workspace_view
 from tinker_api import selectors
@@ -14,6 +16,7 @@ from tinker_api.services import checkpoints, keys
 
 NEW_KEY = "veri_new_tinker_key"
 SESSIONS_PER_PAGE = 20
+SAVED_SHOWN = 50  # the newest; the tinker client's RestClient lists them all
 
 
 @workspace_view
@@ -37,6 +40,8 @@ def tinker_page(request):
         "keys": selectors.list_keys(workspace=request.workspace),
         "new_key": request.session.pop(NEW_KEY, None),
         "page": page,
+        "saved": selectors.list_checkpoints(workspace=request.workspace)[:SAVED_SHOWN],
+        "saved_shown": SAVED_SHOWN,
     }
     response = render(request, "dashboard/tinker.html", context)
     add_never_cache_headers(response)
@@ -53,13 +58,26 @@ def tinker_key_revoke(request, key_id: str):
     return redirect("dashboard:tinker")
 
 
-@workspace_view
-def tinker_checkpoint_download(request, model_id: str, checkpoint_id: str):
-    """The adapter's archive, signed at the click: links on a page left open still work."""
-    checkpoint = or_404(
+def _checkpoint(request, model_id: str, checkpoint_id: str):
+    return or_404(
         selectors.get_checkpoint,
         workspace=request.workspace,
         model_id=model_id,
         checkpoint_id=checkpoint_id,
     )
-    return redirect(checkpoints.archive_url(checkpoint))
+
+
+@workspace_view
+def tinker_checkpoint_download(request, model_id: str, checkpoint_id: str):
+    """The adapter's archive, signed at the click: links on a page left open still work."""
+    return redirect(checkpoints.archive_url(_checkpoint(request, model_id, checkpoint_id)))
+
+
+@require_POST
+@workspace_view
+def tinker_checkpoint_deploy(request, model_id: str, checkpoint_id: str):
+    """Deploy the saved state's adapter, as a job's Deploy button does."""
+    checkpoint = _checkpoint(request, model_id, checkpoint_id)
+    return deploy_adapter(
+        request, checkpoints.adapter_name(checkpoint), back=reverse("dashboard:tinker")
+    )

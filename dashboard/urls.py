@@ -59,6 +59,11 @@ urlpatterns = [
         tinker.tinker_checkpoint_download,
         name="tinker_checkpoint",
     ),
+    path(
+        "tinker/models/<str:model_id>/checkpoints/<str:checkpoint_id>/deploy/",
+        tinker.tinker_checkpoint_deploy,
+        name="tinker_checkpoint_deploy",
+    ),
     path("secrets/", account.secrets_page, name="secrets"),
     path("secrets/<str:name>/delete/", account.secret_delete, name="secret_delete"),
     path("webhooks/", webhooks.webhook_list, name="webhooks"),

@@ -521,7 +521,7 @@ def _checkpoint_out(checkpoint) -> dict:
         "checkpoint_type": "training",
         "time": checkpoint.created_at,
         "tinker_path": checkpoints.tinker_path(checkpoint),
-        "size_bytes": sum(f["size"] for f in checkpoint.files),
+        "size_bytes": checkpoint.size_bytes,
         "public": False,
     }
 

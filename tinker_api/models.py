@@ -4,6 +4,7 @@ charges stopped), within its session's budget cap."""
 
 from django.db import models
 
+from training.models import Checkpoint
 from veri.models import Workspace, public_id_field
 
 
@@ -144,7 +145,9 @@ class TinkerOperation(models.Model):
 class TinkerCheckpoint(models.Model):
     """A model's state saved by `save_state` (LoRA weights and AdamW state), addressed by the
     client as `tinker://<model_id>/weights/<name>`. Its files are under the workspace's
-    `tinker/<public_id>/` folder; `files` is set once they are all uploaded."""
+    `tinker/<public_id>/` folder; `files` is set once they are all uploaded. Its LoRA adapter is
+    then also a Veri checkpoint (`checkpoint`, without a job, on the same folder): deployments
+    and managed jobs take it as they take a job's."""
 
     model = models.ForeignKey(TinkerModel, on_delete=models.CASCADE, related_name="checkpoints")
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
@@ -152,7 +155,14 @@ class TinkerCheckpoint(models.Model):
     operation = models.OneToOneField(TinkerOperation, on_delete=models.CASCADE)
     name = models.CharField(max_length=100)
     files = models.JSONField(null=True, blank=True)  # [{path, size}] once complete
+    checkpoint = models.OneToOneField(
+        Checkpoint, on_delete=models.SET_NULL, null=True, blank=True, related_name="tinker_save"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return f"{self.model.model_id}/weights/{self.name}"
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f["size"] for f in self.files or [])

@@ -85,7 +85,7 @@ def list_checkpoints(*, workspace: Workspace) -> QuerySet[TinkerCheckpoint]:
     """Saved checkpoints (all files uploaded), newest first."""
     return (
         TinkerCheckpoint.objects.filter(workspace=workspace, files__isnull=False)
-        .select_related("model", "workspace")
+        .select_related("model", "workspace", "checkpoint")
         .order_by("-created_at", "-pk")
     )
 

@@ -103,7 +103,7 @@ class DatasetAdmin(admin.ModelAdmin):
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
-    list_display = ["public_id", "job", "step", "final", "size_bytes", "created_at"]
+    list_display = ["public_id", "job", "folder", "step", "final", "size_bytes", "created_at"]
     list_filter = ["final"]
     search_fields = ["public_id", "job__public_id"]
     list_select_related = ["job"]

@@ -126,18 +126,24 @@ def job_ended(job: "TrainingJob") -> None:
         callback(job)
 
 
-# A face's names for models trained here (the OpenAI face's `ft:…`): the base model such a name
-# was trained on and the checkpoint holding its adapter, for jobs that train on from it.
-_fine_tuned: Callable[..., "tuple[str, Checkpoint] | None"] | None = None
+# The faces' names for models trained through them (the OpenAI face's `ft:…`, the Tinker face's
+# `tinker://…`): the base model such a name was trained on and the checkpoint holding its
+# adapter, for deployments and for jobs that train on from it. Each face answers None for a
+# name that is not its own.
+_fine_tuned: list[Callable[..., "tuple[str, Checkpoint] | None"]] = []
+FACE_NAMES = ("ft:", "tinker://")  # how such names start
 
 
 def register_fine_tuned_names(resolver: Callable[..., "tuple[str, Checkpoint] | None"]) -> None:
-    global _fine_tuned
-    _fine_tuned = resolver
+    if resolver not in _fine_tuned:
+        _fine_tuned.append(resolver)
 
 
 def fine_tuned_model(*, workspace: Workspace, name: str) -> "tuple[str, Checkpoint] | None":
-    return _fine_tuned(workspace=workspace, name=name) if _fine_tuned else None
+    for resolver in _fine_tuned:
+        if found := resolver(workspace=workspace, name=name):
+            return found
+    return None
 
 
 # The other way round: a face's name for a succeeded job's final model (its `ft:…`), or None

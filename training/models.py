@@ -290,9 +290,18 @@ class Sample(models.Model):
 
 
 class Checkpoint(models.Model):
+    """A LoRA adapter (and, for a job's, the trainer's state) in the store: a job's, under its
+    output prefix, or one saved by a face above training without a job (a Tinker `save_state`),
+    which names its own base model and folder."""
+
     public_id = public_id_field("ckpt")
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="checkpoints")
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="checkpoints")
+    job = models.ForeignKey(
+        TrainingJob, on_delete=models.CASCADE, null=True, blank=True, related_name="checkpoints"
+    )
+    # Without a job: the model it was trained on, and its folder under the workspace's prefix.
+    base_model = models.CharField(max_length=1100, blank=True)
+    folder = models.CharField(max_length=200, blank=True)
     step = models.PositiveIntegerField()
     final = models.BooleanField(default=False)
     files = models.JSONField(default=list)  # [{"path", "size"}], paths relative to `prefix`
@@ -301,15 +310,29 @@ class Checkpoint(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["job", "step", "final"], name="one_checkpoint_per_step")
+            models.UniqueConstraint(
+                fields=["job", "step", "final"], name="one_checkpoint_per_step"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(job__isnull=False)
+                | (~models.Q(base_model="") & ~models.Q(folder="")),
+                name="checkpoint_without_job_names_its_base_and_folder",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.public_id} ({self.job_id} step {self.step})"
+        return f"{self.public_id} ({self.job_id or self.folder} step {self.step})"
 
     @property
     def prefix(self) -> keys.Prefix:
+        if self.job is None:
+            return keys.workspace_prefix(self.workspace.public_id).child(self.folder)
         return keys.checkpoint_prefix(self.job.output_prefix, step=self.step, final=self.final)
+
+    @property
+    def adapter_base(self) -> str:
+        """The base model the adapter was trained on."""
+        return self.job.base_model if self.job else self.base_model
 
     def file_keys(self) -> list[tuple[dict, str]]:
         """Each listed file with its object key (a stored path that breaks the rules is refused

@@ -143,13 +143,13 @@ def sampled_steps(*, job: TrainingJob) -> list[int]:
 
 
 def list_checkpoints(*, job: TrainingJob) -> QuerySet[Checkpoint]:
-    return Checkpoint.objects.filter(job=job).select_related("job__workspace")
+    return Checkpoint.objects.filter(job=job).select_related("job__workspace", "workspace")
 
 
 def checkpoint_files(*, checkpoint: Checkpoint, only: str | None = None) -> list[dict]:
     """The checkpoint's files with a download URL signed now (relative for the local store), or
     only the file at path `only`."""
-    store = store_for(checkpoint.job.output_prefix)
+    store = store_for(checkpoint.prefix)
     ttl = settings.VERI_PRESIGN_TTL_SECONDS
     return [
         {

@@ -21,12 +21,12 @@ class Deployments:
         base_model: str | None = None,
         **shape,
     ) -> dict:
-        """Deploy `model` (an `ft:` model, a checkpoint id or a training job's id, served as an
-        adapter on its base; a base model name otherwise) and any further `adapters`. `shape`:
-        any of `gpu_type`, `gpu_count`, `provider`, `region`, `min_replicas`, `max_replicas`,
-        `idle_timeout_seconds`."""
+        """Deploy `model` (an `ft:` model, a Tinker save's `tinker://` path, a checkpoint id or a
+        training job's id, served as an adapter on its base; a base model name otherwise) and any
+        further `adapters`. `shape`: any of `gpu_type`, `gpu_count`, `provider`, `region`,
+        `min_replicas`, `max_replicas`, `idle_timeout_seconds`."""
         names = list(adapters or [])
-        if model and model.startswith(("ft:", "ckpt_", "job_")):
+        if model and model.startswith(("ft:", "tinker://", "ckpt_", "job_")):
             names.insert(0, model)
         elif model:
             base_model = model

@@ -70,19 +70,20 @@ def _job_adapter(*, workspace: Workspace, job_id: str, field: str) -> str:
 
 
 def resolve_adapter(*, workspace: Workspace, name: str, field: str) -> tuple[str, Checkpoint]:
-    """An adapter's name (an `ft:` model of this workspace, or a checkpoint id) as the base it
-    was trained on and the checkpoint holding it."""
+    """An adapter's name (a face's name for it, as an `ft:` model or a `tinker://` path of this
+    workspace, or a checkpoint id) as the base it was trained on and the checkpoint holding it."""
     found = training_hooks.fine_tuned_model(workspace=workspace, name=name)
     if found is None:
         checkpoint = (
             Checkpoint.objects.filter(workspace=workspace, public_id=name)
-            .select_related("job")
+            .select_related("job", "workspace")
             .first()
         )
-        found = checkpoint and (checkpoint.job.base_model, checkpoint)
+        found = checkpoint and (checkpoint.adapter_base, checkpoint)
     if not found:
         raise VeriError(
-            f"{name[:200]!r} is not a fine-tuned model nor a checkpoint of this workspace.",
+            f"{name[:200]!r} is not a fine-tuned model, a Tinker save nor a checkpoint of this "
+            "workspace.",
             field=field,
             code="model_not_found",
         )
@@ -187,7 +188,8 @@ def create_deployment(
     replica starts at once; it scales to `min_replicas` after `idle_timeout_seconds`."""
     _check_shape(shape)
     provider, gpu_type, region = _placement(shape)
-    if base_model and base_model.startswith(JOB_PREFIX):  # a job's id names its adapter
+    # A job's id, an `ft:` model or a `tinker://` path names an adapter, served on its base.
+    if base_model and base_model.startswith((JOB_PREFIX, *training_hooks.FACE_NAMES)):
         base_model, adapters = None, [base_model, *adapters]
     base_model, resolved = _adapters(workspace=workspace, base_model=base_model, names=adapters)
     _check_base_loadable(base_model, provider)

@@ -197,7 +197,7 @@ def replica_spec(*, replica: Replica) -> dict:
         c.public_id: c
         for c in Checkpoint.objects.filter(
             public_id__in=[a["checkpoint_id"] for a in deployment.adapters]
-        ).select_related("job")
+        ).select_related("job__workspace", "workspace")
     }
     return {
         "replica_id": replica.public_id,

@@ -10,12 +10,15 @@ import pytest
 from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry
+from dashboard.templatetags.dashboard import binary_size
+from serving.models import Deployment
 from tests.conftest import get_url
 from tests.dashboard.conftest import member_of, signed_in
 from tests.tinker_api.test_api import forward_backward, tk  # noqa: F401 - a fixture
 from tests.tinker_api.test_api import new_model as api_new_model
 from tests.tinker_api.test_listing import new_model, new_session, save_checkpoint
 from tinker_api.models import OpKind, OpStatus, TinkerKey, TinkerOperation
+from training.models import Checkpoint
 from veri import services as veri_services
 
 pytestmark = pytest.mark.django_db
@@ -78,6 +81,49 @@ def test_sessions_show_each_models_operations_tokens_cost_and_checkpoints(
         ]
 
 
+def test_saved_states_are_listed_with_their_path_downloaded_and_deployed(
+    browser, billed, tiny_model, tmp_path
+):
+    model = new_model(new_session(billed), "Qwen/Qwen2.5-0.5B")  # a base replicas can load
+    older, _ = save_checkpoint(model, tiny_model, tmp_path / "older", name="plum")
+    newer, _ = save_checkpoint(model, tiny_model, tmp_path / "newer", name="plum")
+    path = f"tinker://{model.model_id}/weights/plum"
+
+    page = browser.get("/tinker/").content.decode()
+    rows = re.findall(r'<tr data-saved="([^"]+)">(.*?)</tr>', page, re.S)
+    assert [public_id for public_id, _ in rows] == [newer.public_id, older.public_id]
+    row = rows[0][1]
+    assert f"<code data-path>{path}</code>" in row and model.model_id in row
+    assert binary_size(newer.size_bytes) in row and newer.size_bytes > 0
+    link = f"/tinker/models/{model.model_id}/checkpoints/{newer.public_id}/"
+    with tarfile.open(
+        fileobj=io.BytesIO(get_url(APIClient(), browser.get(link)["Location"]))
+    ) as tar:
+        assert sorted(tar.getnames()) == [
+            "plum/adapter_config.json",
+            "plum/adapter_model.safetensors",
+        ]
+
+    # Deploy: its adapter, a Veri checkpoint now, served on the Tinker model's base under its
+    # path; again, the deployment already serving it.
+    deployed = browser.post(f"{link}deploy/")
+    deployment = Deployment.objects.get()
+    assert deployed["Location"] == f"/deployments/{deployment.public_id}/"
+    adapter = Checkpoint.objects.get(tinker_save=newer)
+    assert (adapter.job, adapter.adapter_base) == (None, model.base_model)
+    assert deployment.base_model == model.base_model and deployment.status == "starting"
+    assert deployment.adapters == [{"name": path, "checkpoint_id": adapter.public_id}]
+    assert browser.post(f"{link}deploy/")["Location"] == deployed["Location"]
+    assert adapter.public_id in browser.get("/tinker/").content.decode()
+
+    # The older save, whose path the newer one took, deploys under its Veri checkpoint's id.
+    browser.post(f"/tinker/models/{model.model_id}/checkpoints/{older.public_id}/deploy/")
+    older_adapter = Checkpoint.objects.get(tinker_save=older)
+    assert Deployment.objects.latest("pk").adapters == [
+        {"name": older_adapter.public_id, "checkpoint_id": older_adapter.public_id}
+    ]
+
+
 def test_another_workspaces_tinker_key_checkpoint_and_sessions_are_not_reachable(
     browser, billed, tiny_model, tmp_path
 ):
@@ -91,8 +137,11 @@ def test_another_workspaces_tinker_key_checkpoint_and_sessions_are_not_reachable
     assert key.revoked_at is None
     link = f"/tinker/models/{model.model_id}/checkpoints/{checkpoint.public_id}/"
     assert browser.get(link).status_code == 404
+    assert browser.post(f"{link}deploy/").status_code == 404
+    assert not Deployment.objects.exists()
     page = browser.get("/tinker/").content.decode()
     assert model.model_id not in page and "No session yet" in page
+    assert "Nothing saved yet" in page
 
     # The rival's own member sees it.
     rival = signed_in(member_of(other, "rival@rival.test"))

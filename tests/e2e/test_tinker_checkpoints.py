@@ -4,6 +4,7 @@ model and gives the logprobs the Tinker model gave."""
 
 import io
 import tarfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +18,21 @@ from tests.e2e.test_tinker import stop_models, tinker_key  # noqa: F401 - fixtur
 from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+
+
+def download_adapter(live_server, key: str, path: str, into: Path) -> Path:
+    """The adapter of the saved state at `path` (`tinker://<model>/weights/<name>`), through the
+    archive route the tinker CLI downloads with, extracted: the folder PEFT loads."""
+    model_id, _, checkpoint = path.removeprefix("tinker://").partition("/")
+    redirect = httpx.get(
+        f"{live_server.url}/api/v1/training_runs/{model_id}/checkpoints/{checkpoint}/archive",
+        headers={"X-API-Key": key},
+    )
+    assert redirect.status_code == 302, redirect.text
+    archive = httpx.get(redirect.headers["Location"])
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        tar.extractall(into, filter="data")
+    return into / checkpoint.removeprefix("weights/")
 
 
 def test_a_saved_state_is_listed_and_its_adapter_downloads_and_loads_in_peft(
@@ -46,18 +62,9 @@ def test_a_saved_state_is_listed_and_its_adapter_downloads_and_loads_in_peft(
     [listed] = rest.list_checkpoints(training.model_id).result().checkpoints
     assert listed.tinker_path == saved.path and listed.size_bytes > 0
 
-    redirect = httpx.get(
-        f"{live_server.url}/api/v1/training_runs/{training.model_id}/checkpoints/weights/trained"
-        "/archive",
-        headers={"X-API-Key": tinker_key},
-    )
-    assert redirect.status_code == 302, redirect.text
-    archive = httpx.get(redirect.headers["Location"])
-    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
-        tar.extractall(tmp_path, filter="data")
     model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32),
-        tmp_path / "trained",
+        download_adapter(live_server, tinker_key, saved.path, tmp_path),
     ).eval()
     with torch.no_grad():
         logits = model(torch.tensor([tokens[:-1]])).logits[0].float()

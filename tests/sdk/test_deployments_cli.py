@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from billing.services import open_billing_account
+from tests.tinker_api.test_listing import new_model, new_session, save_checkpoint
 from veri.models import Workspace
 from veri_sdk.cli import build_parser
 
@@ -44,6 +45,17 @@ def test_deploy_list_get_and_delete(cli, capsys):
 def test_deploying_an_unknown_fine_tune_says_so(cli, capsys):
     code, _, err = cli("deploy", "ft:volume/models/tiny:cli::nope", "--no-wait", capsys=capsys)
     assert code == 1 and "not a fine-tuned model" in err
+
+
+def test_deploying_a_tinker_save_serves_its_adapter_on_its_base(cli, capsys, tiny_model, tmp_path):
+    model = new_model(new_session(Workspace.objects.get(name="cli")), BASE)
+    save_checkpoint(model, tiny_model, tmp_path / "saved", name="plum")
+    path = f"tinker://{model.model_id}/weights/plum"
+    code, out, err = cli("deploy", path, "--no-wait", "--json", capsys=capsys)
+    assert code == 0, err
+    deployment = json.loads(out)
+    assert deployment["base_model"] == BASE
+    assert [a["name"] for a in deployment["adapters"]] == [path]
 
 
 def test_deploying_a_deployed_model_again_uses_the_deployment_serving_it(cli, capsys):

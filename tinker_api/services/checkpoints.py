@@ -1,14 +1,17 @@
 """`save_state` and `load_state`: a model's LoRA weights and AdamW state saved by its worker into
 the workspace's `tinker/<checkpoint>/` folder (presigned PUTs), addressed by the client as
-`tinker://<model_id>/weights/<name>`, and loaded back by any model of the workspace."""
+`tinker://<model_id>/weights/<name>`, and loaded back by any model of the workspace. Its LoRA
+adapter is also a Veri checkpoint: that path names it to deployments and managed jobs."""
 
 import re
 import tarfile
 
 from django.conf import settings
+from django.db import transaction
 
 from tinker_api.models import OpKind, OpStatus, TinkerCheckpoint, TinkerModel, TinkerOperation
 from tinker_api.services import sessions
+from training.models import Checkpoint
 from veri.errors import NotFound, VeriError
 from veri.models import Workspace
 from volumes.stores import keys, store_for
@@ -109,7 +112,54 @@ def complete(*, operation: TinkerOperation, files: list[dict]) -> dict:
         prefix.key(file["path"])  # refuses a path outside the folder
     checkpoint.files = [{"path": f["path"], "size": int(f["size"])} for f in files]
     checkpoint.save(update_fields=["files"])
+    as_veri_checkpoint(checkpoint)
     return {"type": "save_weights", "path": tinker_path(checkpoint)}
+
+
+@transaction.atomic
+def as_veri_checkpoint(checkpoint: TinkerCheckpoint) -> Checkpoint:
+    """The save's LoRA adapter as a Veri checkpoint on the same files (the optimizer's state is
+    left out: only `load_state` reads it), made once. Its step is the optimizer steps the model
+    had taken when it saved."""
+    checkpoint = TinkerCheckpoint.objects.select_for_update().get(pk=checkpoint.pk)
+    if checkpoint.checkpoint_id is None:  # also a save completed before saves were recorded
+        adapter = [f for f in checkpoint.files if f["path"].startswith(ARCHIVE_PREFIX)]
+        steps = checkpoint.model.operations.filter(
+            kind=OpKind.OPTIM_STEP, status=OpStatus.DONE, seq_id__lt=checkpoint.operation.seq_id
+        )
+        checkpoint.checkpoint = Checkpoint.objects.create(
+            workspace=checkpoint.workspace,
+            base_model=checkpoint.model.base_model,
+            folder=f"tinker/{checkpoint.public_id}",
+            step=steps.count(),
+            final=False,
+            files=adapter,
+            size_bytes=sum(f["size"] for f in adapter),
+        )
+        checkpoint.save(update_fields=["checkpoint"])
+    return checkpoint.checkpoint
+
+
+def adapter_name(checkpoint: TinkerCheckpoint) -> str:
+    """The name a deployment serves the save's adapter under: its `tinker://` path, or its Veri
+    checkpoint's id when a newer save of the model took that name."""
+    path = tinker_path(checkpoint)
+    if resolve(workspace=checkpoint.workspace, path=path) == checkpoint:
+        return path
+    return as_veri_checkpoint(checkpoint).public_id
+
+
+def resolve_adapter(*, workspace: Workspace, name: str) -> tuple[str, Checkpoint] | None:
+    """Training's hook: a saved state's `tinker://` path as the base model it was trained on and
+    the Veri checkpoint of its adapter; None for a name that is not such a path."""
+    if not name.startswith("tinker://"):
+        return None
+    try:
+        saved = resolve(workspace=workspace, path=name)
+    except NotFound:
+        return None
+    checkpoint = as_veri_checkpoint(saved)
+    return checkpoint.base_model, checkpoint
 
 
 ARCHIVE_PREFIX = "adapter_"  # PEFT's files (adapter_config.json, adapter_model.safetensors)
@@ -156,4 +206,5 @@ def delete(checkpoint: TinkerCheckpoint) -> None:
     store = store_for(keys.workspace_prefix(checkpoint.workspace.public_id))
     store.delete_prefix(_prefix(checkpoint))
     store.delete([_archive_key(checkpoint)])
+    Checkpoint.objects.filter(tinker_save=checkpoint).delete()
     checkpoint.delete()

@@ -1,5 +1,6 @@
 """Submit, the state machine, cancel, resume, and settling a finished job."""
 
+import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -21,6 +22,7 @@ from volumes import selectors as volume_selectors
 from volumes import services as volume_services
 from volumes.models import Volume
 from volumes.services import validate_path, validate_volume_name
+from volumes.stores import store_for
 from webhooks import services as webhooks
 
 S = JobStatus
@@ -230,18 +232,19 @@ def _resolve_dataset(
 
 
 def _resolve_fine_tuned(workspace: Workspace, sub: Submission) -> tuple[str, Checkpoint | None]:
-    """The base model and the adapter to train on from: a fine-tuned model's name (`ft:…`)
-    stands for the base it was trained on with its final adapter; `adapter_from` names a
-    checkpoint of this workspace directly."""
+    """The base model and the adapter to train on from: a fine-tuned model's name (`ft:…`, or a
+    Tinker save's `tinker://…` path) stands for the base it was trained on with its adapter;
+    `adapter_from` names a checkpoint of this workspace directly."""
     base_model = sub.base_model
-    if isinstance(base_model, str) and base_model.startswith("ft:"):
+    if isinstance(base_model, str) and base_model.startswith(hooks.FACE_NAMES):
         found = hooks.fine_tuned_model(workspace=workspace, name=base_model)
         if found is None:
             raise VeriError(
-                f"No fine-tuned model {base_model[:200]!r} in this workspace.",
+                f"No fine-tuned model or Tinker save {base_model[:200]!r} in this workspace.",
                 field="base_model",
                 code="invalid_base_model",
             )
+        _check_trainable(found[1], name=base_model, field="base_model", code="invalid_base_model")
         return found
     if not sub.adapter_from:
         return base_model, None
@@ -252,7 +255,32 @@ def _resolve_fine_tuned(workspace: Workspace, sub: Submission) -> tuple[str, Che
             field="adapter_from",
             code="invalid_checkpoint",
         )
+    _check_trainable(
+        adapter, name=adapter.public_id, field="adapter_from", code="invalid_checkpoint"
+    )
     return base_model, adapter
+
+
+def _check_trainable(adapter: Checkpoint, *, name: str, field: str, code: str) -> None:
+    """The trainers compute log-probabilities from the LM head's weight, so they refuse an
+    adapter on `lm_head` (a Tinker save whose client trained the unembedding): say so now,
+    before anything is rented."""
+    store = store_for(adapter.prefix)
+    key = next((key for f, key in adapter.file_keys() if f["path"] == "adapter_config.json"), None)
+    if key is None or store.head(key) is None:
+        return  # no adapter config: the worker says what is wrong with it
+    try:
+        targets = json.loads(store.get_bytes(key)).get("target_modules") or []
+    except (ValueError, AttributeError):  # not a PEFT config: the worker says so
+        return
+    if "lm_head" in targets:
+        raise VeriError(
+            f"{name[:200]} is a LoRA of the LM head (lm_head), which the trainers here cannot "
+            "train on from. A Tinker save is one when its training client trained the "
+            "unembedding: train with train_unembed=False to go on here (it deploys as it is).",
+            field=field,
+            code=code,
+        )
 
 
 def _check_base_model(base_model: str) -> None:
@@ -387,6 +415,14 @@ def _resolve_checkpoint(workspace: Workspace, checkpoint_id: str | None, method:
     if checkpoint is None:
         raise VeriError(
             f"No checkpoint {checkpoint_id!r} in this workspace.",
+            field="resume_from",
+            code="invalid_checkpoint",
+        )
+    if checkpoint.job is None:  # its optimizer state is the face's own, not a trainer's
+        raise VeriError(
+            f"Checkpoint {checkpoint_id} was saved by a Tinker training client, not by a job: "
+            "a job cannot resume its optimizer. Train on from its adapter with base_model set "
+            "to its tinker:// path.",
             field="resume_from",
             code="invalid_checkpoint",
         )
