@@ -69,6 +69,8 @@ def main() -> None:
         training.optim_step(types.AdamParams(learning_rate=3e-2)).result()
         mean, took = sum(rewards) / len(rewards), time.monotonic() - started
         print(f"iteration {iteration:2d} mean reward {mean:.3f} ({took:.1f} s)", flush=True)
+    print("saved", training.save_state("final").result().path)
+    service.close("success").result()  # the session ends now: its model stops costing
 
 
 if __name__ == "__main__":

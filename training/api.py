@@ -142,6 +142,9 @@ class JobOut(serializers.ModelSerializer):
     resume_from = serializers.CharField(
         source="resume_from.public_id", default=None, allow_null=True
     )
+    adapter_from = serializers.CharField(
+        source="adapter_from.public_id", default=None, allow_null=True
+    )
     error = serializers.SerializerMethodField()
     cost_usd = serializers.SerializerMethodField()
     cost_attributed_at = serializers.SerializerMethodField()
@@ -172,6 +175,7 @@ class JobOut(serializers.ModelSerializer):
             "lora",
             "volumes",
             "resume_from",
+            "adapter_from",
             "checkpoint_every",
             "checkpoint_keep",
             "heartbeat_timeout_seconds",
@@ -477,6 +481,11 @@ class SubmitIn(serializers.Serializer):
         child=serializers.CharField(max_length=128), required=False, max_length=32
     )
     resume_from = serializers.CharField(required=False, allow_null=True)
+    adapter_from = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="a checkpoint's id: train on from its adapter, at step 0, on base_model",
+    )
     checkpoint_every = serializers.IntegerField(required=False, allow_null=True)
     checkpoint_keep = serializers.IntegerField(required=False)
     heartbeat_timeout_seconds = serializers.IntegerField(required=False)

@@ -32,6 +32,21 @@ def tinker_key(api_client, billed) -> str:
 
 
 @pytest.fixture
+def connect(live_server, tinker_key):
+    """New ServiceClients of the live server, each closed after the test: a client's heartbeat
+    would outlive it, knocking with a key the next test's database no longer has."""
+    made = []
+
+    def connect(**kwargs) -> tinker.ServiceClient:
+        made.append(tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key, **kwargs))
+        return made[-1]
+
+    yield connect
+    for service in made:
+        service.close("success").result(timeout=60)
+
+
+@pytest.fixture
 def stop_models():
     yield
     for model in TinkerModel.objects.exclude(external_id=""):
@@ -57,11 +72,12 @@ def test_a_supervised_loop_lowers_the_loss(
     platform,  # noqa: F811
     live_server,
     tinker_key,
+    connect,
     tiny_model,
     stop_models,
 ):
     platform()
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     assert training.get_info().lora_rank == 8
     data = supervised(AutoTokenizer.from_pretrained(tiny_model))
@@ -101,9 +117,7 @@ def test_a_supervised_loop_lowers_the_loss(
 
     # Closing the client ends the session; the model saves its state first, as an idle one does.
     service.close("success").result()
-    assert loaded_loss(live_server, tinker_key, ended_saved(model.model_id), data) == pytest.approx(
-        after, rel=1e-5
-    )
+    assert loaded_loss(connect, ended_saved(model.model_id), data) == pytest.approx(after, rel=1e-5)
 
 
 def losses_of(training, data, steps: int, learning_rate: float = 2e-2) -> list[float]:
@@ -121,11 +135,12 @@ def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     platform,  # noqa: F811
     live_server,
     tinker_key,
+    connect,
     tiny_model,
     stop_models,
 ):
     platform()
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     first = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     data = supervised(AutoTokenizer.from_pretrained(tiny_model))
     losses_of(first, data, 3)
@@ -161,13 +176,9 @@ def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     assert lost.charged_micros > 0
 
 
-def loaded_loss(live_server, tinker_key: str, path: str, data: list[types.Datum]) -> float:
+def loaded_loss(connect, path: str, data: list[types.Datum]) -> float:
     """The loss on `data` of a new session's client made from the state saved at `path`."""
-    resumed = (
-        tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
-        .create_training_client_from_state(path)
-        .result()
-    )
+    resumed = connect().create_training_client_from_state(path).result()
     return resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
 
 
@@ -186,6 +197,7 @@ def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_cl
     platform,  # noqa: F811
     live_server,
     tinker_key,
+    connect,
     tiny_model,
     stop_models,
     settings,
@@ -194,9 +206,7 @@ def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_cl
     settings.VERI_TINKER_CHARGE_SECONDS = 0
     # 0.0003 USD: 10.8 s of the local provider's 0.10 USD an hour.
     capped = {"veri_max_cost_usd": "0.0003"}
-    service = tinker.ServiceClient(
-        base_url=live_server.url, api_key=tinker_key, user_metadata=capped
-    )
+    service = connect(user_metadata=capped)
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     data = supervised(AutoTokenizer.from_pretrained(tiny_model))
     expected = losses_of(training, data, 2)[-1]
@@ -217,18 +227,19 @@ def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_cl
         service.create_lora_training_client(base_model=TINY, rank=8).result()
 
     # A new session (its own budget) loads the saved state: the same loss.
-    assert loaded_loss(live_server, tinker_key, path, data) == pytest.approx(expected, rel=1e-5)
+    assert loaded_loss(connect, path, data) == pytest.approx(expected, rel=1e-5)
 
 
 def test_an_idle_session_saves_each_models_state_before_it_ends(
     platform,  # noqa: F811
     live_server,
     tinker_key,
+    connect,
     tiny_model,
     stop_models,
 ):
     platform()
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     data = supervised(AutoTokenizer.from_pretrained(tiny_model))
     expected = losses_of(training, data, 2)[-1]
@@ -242,7 +253,7 @@ def test_an_idle_session_saves_each_models_state_before_it_ends(
     path = ended_saved(training.model_id)
     assert TinkerModel.objects.get(model_id=training.model_id).error_code == "session_ended"
 
-    assert loaded_loss(live_server, tinker_key, path, data) == pytest.approx(expected, rel=1e-5)
+    assert loaded_loss(connect, path, data) == pytest.approx(expected, rel=1e-5)
 
 
 def test_the_rl_example_raises_the_mean_reward(
@@ -268,17 +279,22 @@ def test_the_rl_example_raises_the_mean_reward(
     assert len(rewards) == 15, result.stdout
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.1, rewards
+    # It saves its state and closes its session: the model ends now, not once idle.
+    assert re.search(r"saved tinker://\S+/weights/final", result.stdout), result.stdout
+    ended_saved(TinkerModel.objects.get().model_id)
+    assert TinkerModel.objects.get().error_code == "session_ended"
 
 
 def test_sampled_logprobs_are_a_forward_pass_s(
     platform,  # noqa: F811
     live_server,
     tinker_key,
+    connect,
     tiny_model,
     stop_models,
 ):
     platform()
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     training.forward_backward(supervised(tokenizer), "cross_entropy")

@@ -14,7 +14,7 @@ from peft import PeftModel
 from tinker import types
 from transformers import AutoModelForCausalLM
 
-from tests.e2e.test_tinker import stop_models, tinker_key  # noqa: F401 - fixtures
+from tests.e2e.test_tinker import connect, stop_models, tinker_key  # noqa: F401 - fixtures
 from tests.e2e.test_training import TINY, platform  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
@@ -39,12 +39,13 @@ def test_a_saved_state_is_listed_and_its_adapter_downloads_and_loads_in_peft(
     platform,  # noqa: F811
     live_server,
     tinker_key,  # noqa: F811
+    connect,  # noqa: F811
     tiny_model,
     stop_models,  # noqa: F811
     tmp_path,
 ):
     platform()
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     training = service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
     tokens = [5, 9, 3, 7, 11, 2]
     datum = types.Datum(

@@ -22,7 +22,7 @@ from tinker_cookbook.renderers import get_renderer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import REPO
-from tests.e2e.test_tinker import stop_models, tinker_key  # noqa: F401 - fixtures
+from tests.e2e.test_tinker import connect, stop_models, tinker_key  # noqa: F401 - fixtures
 from tests.e2e.test_training import platform  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
@@ -170,6 +170,7 @@ def test_the_cookbook_sl_loop_trains_saves_and_resumes(
     platform,  # noqa: F811
     live_server,
     tinker_key,  # noqa: F811
+    connect,  # noqa: F811
     hf_caches,
     tiny_model,
     stop_models,  # noqa: F811
@@ -199,7 +200,7 @@ def test_the_cookbook_sl_loop_trains_saves_and_resumes(
     assert final["sampler_path"].startswith("tinker://")
 
     # The saved paths are Veri's: a new client is made from the state, another samples.
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     other = service.create_training_client_from_state(final["state_path"]).result()
     assert (other.get_info().model_name, other.get_info().lora_rank) == (BASE, 8)
     sampler = service.create_sampling_client(model_path=final["sampler_path"]).result()

@@ -5,13 +5,12 @@ named by that path trains on from the adapter."""
 
 import openai
 import pytest
-import tinker
 from tinker import types
 from transformers import AutoTokenizer
 
 from tests.conftest import assert_error
 from tests.e2e.test_serving import QUESTION, ask, deploy, peft_greedy
-from tests.e2e.test_tinker import stop_models, tinker_key  # noqa: F401 - fixtures
+from tests.e2e.test_tinker import connect, stop_models, tinker_key  # noqa: F401 - fixtures
 from tests.e2e.test_tinker_checkpoints import download_adapter
 from tests.e2e.test_training import TINY, platform, submit, wait_settled  # noqa: F401
 from tests.openai_api.conftest import openai_client
@@ -54,12 +53,13 @@ def test_a_tinker_save_deploys_and_the_openai_client_gets_what_peft_answers(
     workspace,
     other_api_client,
     tinker_key,  # noqa: F811
+    connect,  # noqa: F811
     tiny_model,
     stop_models,  # noqa: F811
     tmp_path,
 ):
     platform()
-    service = tinker.ServiceClient(base_url=live_server.url, api_key=tinker_key)
+    service = connect()
     datum = chat_datum(AutoTokenizer.from_pretrained(tiny_model))
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     path = train_and_save(training, datum, STEPS)

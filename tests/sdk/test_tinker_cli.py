@@ -22,6 +22,8 @@ def test_a_key_from_the_cli_opens_a_session_until_revoked(cli, capsys, monkeypat
     with pytest.raises(tinker.NotFoundError, match="No volume 'nope'"):
         service.create_lora_training_client(base_model="volume://nope/model", rank=4).result()
     assert TinkerSession.objects.filter(workspace=cli.workspace).count() == 1
+    service.close("success").result()  # its heartbeat stops with the test
+    assert TinkerSession.objects.get(workspace=cli.workspace).ended_at is not None
     capabilities = tinker.RestClient(base_url=cli.url, api_key=key).get_server_capabilities()
     assert capabilities.result().supported_models == []  # no model folder in its volumes
 

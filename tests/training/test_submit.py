@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import assert_error, client_for, fill_volume
 from tests.training.conftest import GRPO_ROWS, REWARD, job_body, upload_dataset
-from training.models import Dataset, JobEvent, TrainingJob
+from training.models import Checkpoint, Dataset, JobEvent, TrainingJob
 from veri import services as veri_services
 from volumes import services as volume_services
 from volumes.models import VolumeFile
@@ -204,6 +204,7 @@ BAD_SUBMISSIONS = [
     ({"gpu_count": 0}, "invalid_gpu_count", "gpu_count"),
     ({"volumes": ["nope"]}, "invalid_volume", "volumes.0"),
     ({"resume_from": "ckpt_missing"}, "invalid_checkpoint", "resume_from"),
+    ({"adapter_from": "ckpt_missing"}, "invalid_checkpoint", "adapter_from"),
     ({"dataset_id": "ds_missing"}, "invalid_dataset", "dataset_id"),
     ({"base_model": ""}, "invalid_base_model", "base_model"),
     ({"base_model": "not a model id!"}, "invalid_base_model", "base_model"),
@@ -336,3 +337,34 @@ def test_local_provider_is_the_default_without_cloud_credentials(
         g for g in gpus if g["provider"] == "local"
     ).items()
     assert next(g for g in gpus if g["provider"] == "aws")["usable"] is False
+
+
+def test_a_job_trains_on_from_a_checkpoints_adapter_named_by_its_id(
+    api_client, dataset, cloud, workspace
+):
+    first = api_client.post("/v1/training_jobs", job_body(dataset), format="json").json()
+    checkpoint = Checkpoint.objects.create(
+        workspace=workspace,
+        job=TrainingJob.objects.get(public_id=first["id"]),
+        step=5,
+        final=True,
+        files=[{"path": "adapter_model.safetensors", "size": 1}],
+    )
+    body = job_body(dataset, adapter_from=checkpoint.public_id)
+    response = api_client.post("/v1/training_jobs", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["adapter_from"] == checkpoint.public_id
+    job = TrainingJob.objects.get(public_id=response.json()["id"])
+    assert (job.adapter_from, job.resume_from) == (checkpoint, None)
+    assert first["adapter_from"] is None
+
+    # Another workspace's checkpoint is no checkpoint of theirs.
+    other, _ = veri_services.create_workspace(name="other")
+    from billing.services import open_billing_account
+
+    open_billing_account(workspace=other, credit_micros=100_000_000)
+    theirs = upload_dataset(client_for(other), GRPO_ROWS)
+    answer = client_for(other).post(
+        "/v1/training_jobs", job_body(theirs, adapter_from=checkpoint.public_id), format="json"
+    )
+    assert_error(answer, 400, "invalid_checkpoint", field="adapter_from")

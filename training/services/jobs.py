@@ -261,14 +261,18 @@ def _resolve_fine_tuned(workspace: Workspace, sub: Submission) -> tuple[str, Che
     return base_model, adapter
 
 
+ADAPTER_CONFIG_MAX_BYTES = 1 << 20  # a PEFT config is a few KiB; never read a huge one here
+
+
 def _check_trainable(adapter: Checkpoint, *, name: str, field: str, code: str) -> None:
     """The trainers compute log-probabilities from the LM head's weight, so they refuse an
     adapter on `lm_head` (a Tinker save whose client trained the unembedding): say so now,
     before anything is rented."""
     store = store_for(adapter.prefix)
     key = next((key for f, key in adapter.file_keys() if f["path"] == "adapter_config.json"), None)
-    if key is None or store.head(key) is None:
-        return  # no adapter config: the worker says what is wrong with it
+    stored = store.head(key) if key else None
+    if stored is None or stored.size > ADAPTER_CONFIG_MAX_BYTES:
+        return  # none, or not a PEFT config (a worker wrote it): the worker says what is wrong
     try:
         targets = json.loads(store.get_bytes(key)).get("target_modules") or []
     except (ValueError, AttributeError):  # not a PEFT config: the worker says so
