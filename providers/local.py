@@ -130,9 +130,10 @@ class LocalProvider(ProviderAdapter):
         if not settings.VERI_LOCAL_HUB_OFFLINE or _in_hub_cache(base_model):
             return None
         return (
-            f"base_model {base_model!r} is a model hub id, and workers on this deployment cannot "
-            "reach a model hub (HF_HUB_OFFLINE is set) nor find it in the local cache "
-            f"({settings.VERI_LOCAL_HF_CACHE}). Upload the model's folder into a volume "
+            f"base_model {base_model!r} is a model hub id, and workers on this deployment are "
+            "offline (the default here; the server started with HF_HUB_OFFLINE=0 lets them "
+            f"download) and do not find it in the local cache ({settings.VERI_LOCAL_HF_CACHE}). "
+            "Upload the model's folder into a volume "
             "(veri volumes upload-dir VOLUME ./model --prefix models/NAME) and submit "
             "base_model='volume://VOLUME/models/NAME'."
         )

@@ -285,3 +285,11 @@ def test_models_run_on_a_cloud_provider_the_deployment_offers_and_rents_at_once(
             call_command("check")
     settings.VERI_TINKER_PROVIDER, settings.VERI_TINKER_GPU_TYPE = "local", "cpu"
     call_command("check")
+
+
+def test_the_capabilities_list_each_model_folder_once(tk, workspace):
+    configs = ("tokenizer_config.json", "generation_config.json")
+    fill_volume(workspace, "models", {f"tiny/{name}": b"{}" for name in configs})
+    fill_volume(workspace, "models", {"notes/tokenizer_config.json": b"{}"})  # no model
+    answer = tk.get("/api/v1/get_server_capabilities").json()
+    assert [m["model_name"] for m in answer["supported_models"]] == [BASE]

@@ -113,6 +113,8 @@ def test_the_budget_cap_saves_the_model_then_ends_it_charged_up_to_the_cap(tk):
     model.refresh_from_db()
     assert (model.status, model.error_code) == (ModelStatus.SAVING, "budget_exhausted")
     assert entries(model.workspace, "tinker_charge") == [-30_000]
+    [charge] = LedgerEntry.objects.filter(workspace=model.workspace, kind="tinker_charge")
+    assert charge.description.endswith("s on cpu (capped at the session's budget)")
     # The client's request sent before runs; the one numbered after the save is refused.
     assert_error(optim(tk, model, 2), 400, "budget_exhausted")
     creation = model.operations.get(seq_id=0).request_id

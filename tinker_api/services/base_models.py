@@ -53,8 +53,8 @@ def supported_models(*, workspace: Workspace) -> list[str]:
     """What `get_server_capabilities` lists: the workspace's volume model folders."""
     found = []
     for volume in volume_selectors.list_volumes(workspace=workspace):
-        for f in volume_selectors.list_files(volume=volume).filter(path__endswith="config.json"):
-            folder = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
-            if folder:
-                found.append(f"volume://{volume.name}/{folder}")
+        # A model folder holds `config.json` itself (not only `tokenizer_config.json`).
+        configs = volume_selectors.list_files(volume=volume).filter(path__endswith="/config.json")
+        for path in configs.order_by("path").values_list("path", flat=True):
+            found.append(f"volume://{volume.name}/{path.removesuffix('/config.json')}")
     return found

@@ -409,7 +409,8 @@ def charge_uptime(*, model: TinkerModel, until) -> int:
         # The session's row serializes its models' charges against the one cap.
         TinkerSession.objects.select_for_update().filter(pk=session.pk).first()
         left = max(session.max_cost_micros - session_spent_micros(session), 0)
-        amount = min(accrued_micros(model=model, until=until), left)
+        accrued = accrued_micros(model=model, until=until)
+        amount = min(accrued, left)
         claimed = TinkerModel.objects.filter(pk=model.pk, charged_until=model.charged_until).update(
             charged_until=until, charged_micros=F("charged_micros") + amount
         )
@@ -421,7 +422,8 @@ def charge_uptime(*, model: TinkerModel, until) -> int:
                 workspace=model.workspace,
                 amount_micros=amount,
                 key=f"tinker_charge:{model.model_id}:{start.isoformat()}",
-                description=f"Tinker model {model.model_id}: {seconds} s on {model.gpu_type}",
+                description=f"Tinker model {model.model_id}: {seconds} s on {model.gpu_type}"
+                + (" (capped at the session's budget)" if amount < accrued else ""),
             )
         if amount == left:
             for live in session.models.filter(status__in=MODEL_LIVE):

@@ -175,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     tk_revoke.add_argument("id")
     tk_revoke.set_defaults(run=tinker.cmd_tinker_revoke)
 
-    billing = _json_flag(commands.add_parser("billing", help="balance and recent entries"))
+    billing = _json_flag(
+        commands.add_parser("billing", help="balance, spend by kind, recent entries")
+    )
     billing.add_argument("--limit", type=int, default=20, help="entries to show (default 20)")
     billing.set_defaults(run=jobs.cmd_billing)
     bc = billing.add_subparsers(dest="billing_command")
