@@ -366,8 +366,11 @@ class CreateSamplingSessionView(TinkerView):
         data = self.validated(self.Input, request.data)
         session = selectors.get_session(workspace=self.workspace, session_id=data["session_id"])
         if data.get("model_path"):
-            save = sampling.resolve_path(workspace=self.workspace, path=data["model_path"])
-            sampler = sampling.sampler_id(save)
+            sampler = sampling.path_sampler(
+                session=session,
+                path=data["model_path"],
+                sampling_seq_id=data["sampling_session_seq_id"],
+            )
         elif data.get("base_model"):
             sampler = sampling.base_sampler(
                 session=session,
@@ -382,9 +385,12 @@ class CreateSamplingSessionView(TinkerView):
 class SamplerView(TinkerView):
     def get(self, request: Request, sampler_id: str) -> Response:
         save = sampling.get_sampler(workspace=self.workspace, sampler=sampler_id)
-        path = sampling.sampler_path(save) if save.payload.get("name") else None
         return Response(
-            {"sampler_id": sampler_id, "base_model": save.model.base_model, "model_path": path}
+            {
+                "sampler_id": sampler_id,
+                "base_model": save.model.base_model,
+                "model_path": sampling.model_path(save),
+            }
         )
 
 
@@ -511,8 +517,8 @@ def unsupported(request: HttpRequest, path: str = "") -> JsonResponse:
 
 
 # The rest client's listing routes (`tinker.ServiceClient().create_rest_client()`): training
-# runs are the workspace's models, their checkpoints the saved states ("training" ones; Veri
-# has no sampler or external weights yet, nor public checkpoints).
+# runs are the workspace's models, their checkpoints the saved states ("training" ones; sampler
+# weights are not listed, and Veri has no external weights yet, nor public checkpoints).
 
 
 def _checkpoint_out(checkpoint) -> dict:

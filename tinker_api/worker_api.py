@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from providers import worker_dist
 from tinker_api import wire
-from tinker_api.models import OpKind, TinkerModel
+from tinker_api.models import OpKind, TinkerModel, TinkerOperation
 from tinker_api.services import checkpoints, workers
 from training.worker_api import WorkerBootstrapView, bearer_token
 from veri.api import ValidatingView
@@ -119,9 +119,11 @@ class ResultView(ModelWorkerView):
     def post(self, request: Request, model_id: str, request_id: str) -> Response:
         data = self.validated(TinkerResultIn, request.data)
         result = data.get("result") if data["ok"] else None
-        operation = request.auth.operations.filter(request_id=request_id).only("kind").first()
+        operation = (
+            request.auth.operations.filter(request_id=request_id).only("kind", "payload").first()
+        )
         if data["ok"] and operation is not None:
-            _check_result(operation.kind, result)
+            _check_result(operation, result)
         workers.finish_operation(
             model=request.auth,
             request_id=request_id,
@@ -132,14 +134,18 @@ class ResultView(ModelWorkerView):
         return Response({"ok": True})
 
 
-def _check_result(kind: str, result: dict | None) -> None:
+def _check_result(operation: TinkerOperation, result: dict | None) -> None:
     """A result the client can read: forward outputs that encode, numeric metrics, a save's
-    files."""
-    if kind in (OpKind.CREATE, OpKind.LOAD_WEIGHTS, OpKind.SAVE_FOR_SAMPLER):
+    files (a named sampler save uploads its adapter too)."""
+    kind = operation.kind
+    uploaded = kind == OpKind.SAVE_WEIGHTS or (
+        kind == OpKind.SAVE_FOR_SAMPLER and operation.payload.get("name")
+    )
+    if kind in (OpKind.CREATE, OpKind.LOAD_WEIGHTS, OpKind.SAVE_FOR_SAMPLER) and not uploaded:
         return
     if not isinstance(result, dict):
         raise VeriError("A result is an object.", field="result")
-    if kind == OpKind.SAVE_WEIGHTS:
+    if uploaded:
         files = SavedFile(data=result.get("files"), many=True)
         if not files.is_valid() or not 0 < len(files.validated_data) <= checkpoints.MAX_FILES:
             raise VeriError("A save's result lists its files: [{path, size}].", field="result")

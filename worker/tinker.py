@@ -33,10 +33,12 @@ def load(spec: dict, work: Path):
     return TinkerModel(path, spec["lora"])
 
 
-def save(api: ControlPlane, model, operation: dict, work: Path) -> dict:
-    """The model's state into files, uploaded to the URLs the control plane signs for them."""
+def save(api: ControlPlane, model, operation: dict, work: Path, *, optimizer: bool) -> dict:
+    """The model's state (its LoRA adapter, and the optimizer's with `optimizer`) into files,
+    uploaded to the URLs the control plane signs for them."""
     folder = work / "saves" / operation["request_id"]
-    files = [{"path": p.name, "size": p.stat().st_size} for p in model.save(folder)]
+    saved = model.save(folder, optimizer=optimizer)
+    files = [{"path": p.name, "size": p.stat().st_size} for p in saved]
     targets = api.call(
         "POST", f"/operations/{operation['request_id']}/uploads", json={"files": files}
     )
@@ -61,7 +63,7 @@ def run_operation(api: ControlPlane, model, operation: dict, work: Path) -> dict
             load_state(model, payload["load"], work, operation["request_id"])
         return {}
     if kind == "save_weights":
-        return save(api, model, operation, work)
+        return save(api, model, operation, work, optimizer=True)
     if kind == "load_weights":
         load_state(model, payload, work, operation["request_id"])
         return {}
@@ -76,6 +78,8 @@ def run_operation(api: ControlPlane, model, operation: dict, work: Path) -> dict
         return model.optim_step(payload["adam_params"])
     if kind == "save_weights_for_sampler":
         model.snapshot(operation["seq_id"])
+        if payload.get("name"):  # its path samples from the store's copy once the model is over
+            return save(api, model, operation, work, optimizer=False)
         return {}
     if kind == "sample":  # seq_id: the save_weights_for_sampler whose weights it samples with
         return model.sample(operation["seq_id"], payload)

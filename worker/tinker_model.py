@@ -194,11 +194,13 @@ class TinkerModel:
             self._tokenizer = AutoTokenizer.from_pretrained(self.base_path)
         return self._tokenizer
 
-    def save(self, folder: Path) -> list[Path]:
-        """The LoRA (PEFT's adapter files) and the AdamW state, as files in `folder`."""
+    def save(self, folder: Path, *, optimizer: bool) -> list[Path]:
+        """The LoRA (PEFT's adapter files), and the AdamW state with `optimizer`, as files in
+        `folder`."""
         folder.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(folder)
-        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        if optimizer:
+            torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
         return sorted(p for p in folder.iterdir() if p.is_file())
 
     def load(self, folder: Path, *, optimizer: bool) -> None:

@@ -1,7 +1,10 @@
 """`save_state` and `load_state`: a model's LoRA weights and AdamW state saved by its worker into
 the workspace's `tinker/<checkpoint>/` folder (presigned PUTs), addressed by the client as
 `tinker://<model_id>/weights/<name>`, and loaded back by any model of the workspace. Its LoRA
-adapter is also a Veri checkpoint: that path names it to deployments and managed jobs."""
+adapter is also a Veri checkpoint: that path names it to deployments and managed jobs.
+
+A named `save_weights_for_sampler` uploads its LoRA adapter the same way, into
+`tinker/<its request id>/` (tinker_api.services.sampling reads it back)."""
 
 import re
 import tarfile
@@ -63,14 +66,18 @@ def resolve(*, workspace: Workspace, path: str) -> TinkerCheckpoint:
     return checkpoint
 
 
+def presigned_gets(prefix: keys.Prefix, files: list[dict]) -> list[dict]:
+    """What a worker fetches: each saved file with a presigned GET."""
+    store, ttl = store_for(prefix), settings.VERI_PRESIGN_TTL_SECONDS
+    return [
+        {"path": f["path"], "url": store.presign_get(prefix.key(f["path"]), expires=ttl)}
+        for f in files
+    ]
+
+
 def load_payload(checkpoint: TinkerCheckpoint, *, optimizer: bool) -> dict:
     """What a worker loads: the checkpoint's files (presigned GETs)."""
-    store, prefix = store_for(_prefix(checkpoint)), _prefix(checkpoint)
-    ttl = settings.VERI_PRESIGN_TTL_SECONDS
-    files = [
-        {"path": f["path"], "url": store.presign_get(prefix.key(f["path"]), expires=ttl)}
-        for f in checkpoint.files
-    ]
+    files = presigned_gets(_prefix(checkpoint), checkpoint.files)
     return {"path": tinker_path(checkpoint), "files": files, "optimizer": optimizer}
 
 
@@ -80,20 +87,40 @@ def load(*, model: TinkerModel, seq_id: int, path: str, optimizer: bool) -> Tink
     return sessions.enqueue(model=model, seq_id=seq_id, kind=OpKind.LOAD_WEIGHTS, payload=payload)
 
 
-def upload_urls(*, model: TinkerModel, request_id: str, files: list[dict]) -> list[dict]:
-    """Presigned PUTs for a running save's files, inside its checkpoint's folder only."""
-    checkpoint = (
-        TinkerCheckpoint.objects.filter(
-            model=model, operation__request_id=request_id, operation__status=OpStatus.RUNNING
+def sampler_prefix(operation: TinkerOperation) -> keys.Prefix:
+    """The folder of a named sampler save's adapter."""
+    workspace = keys.workspace_prefix(operation.model.workspace.public_id)
+    return workspace.child(f"tinker/{operation.request_id}")
+
+
+def _running_save_prefix(model: TinkerModel, request_id: str) -> keys.Prefix:
+    """The folder of the model's running save `request_id`: a `save_state`'s checkpoint, or a
+    named sampler save's."""
+    operation = (
+        model.operations.filter(
+            request_id=request_id,
+            status=OpStatus.RUNNING,
+            kind__in=(OpKind.SAVE_WEIGHTS, OpKind.SAVE_FOR_SAMPLER),
         )
-        .select_related("workspace")
+        .select_related("model__workspace")
         .first()
     )
-    if checkpoint is None:
-        raise NotFound(f"No save {request_id} running for this model.")
+    if operation is not None and operation.kind == OpKind.SAVE_WEIGHTS:
+        checkpoint = (
+            TinkerCheckpoint.objects.filter(operation=operation).select_related("workspace").first()
+        )
+        if checkpoint is not None:
+            return _prefix(checkpoint)
+    elif operation is not None and operation.payload.get("name"):
+        return sampler_prefix(operation)
+    raise NotFound(f"No save {request_id} running for this model.")
+
+
+def upload_urls(*, model: TinkerModel, request_id: str, files: list[dict]) -> list[dict]:
+    """Presigned PUTs for a running save's files, inside its own folder only."""
+    prefix = _running_save_prefix(model, request_id)
     if not 0 < len(files) <= MAX_FILES:
         raise VeriError(f"A checkpoint has 1 to {MAX_FILES} files.", field="files")
-    prefix = _prefix(checkpoint)
     store, ttl = store_for(prefix), settings.VERI_PRESIGN_TTL_SECONDS
     answer = []
     for file in files:
@@ -102,15 +129,19 @@ def upload_urls(*, model: TinkerModel, request_id: str, files: list[dict]) -> li
     return answer
 
 
+def saved_files(prefix: keys.Prefix, files: list[dict]) -> list[dict]:
+    """The files a worker says it uploaded, each inside `prefix` (else refused)."""
+    for file in files:
+        prefix.key(file["path"])  # refuses a path outside the folder
+    return [{"path": f["path"], "size": int(f["size"])} for f in files]
+
+
 def complete(*, operation: TinkerOperation, files: list[dict]) -> dict:
     """The save's files are uploaded: the checkpoint can be loaded. The client's answer."""
     checkpoint = TinkerCheckpoint.objects.select_related("model", "workspace").get(
         operation=operation
     )
-    prefix = _prefix(checkpoint)
-    for file in files:
-        prefix.key(file["path"])  # refuses a path outside the folder
-    checkpoint.files = [{"path": f["path"], "size": int(f["size"])} for f in files]
+    checkpoint.files = saved_files(_prefix(checkpoint), files)
     checkpoint.save(update_fields=["files"])
     as_veri_checkpoint(checkpoint)
     return {"type": "save_weights", "path": tinker_path(checkpoint)}

@@ -2,15 +2,28 @@
 its order (in its worker's memory), and a sampler is those weights: its id is
 `<model_id>:sample:<seq_id>` of that save, a named save is also addressed as
 `tinker://<model_id>/sampler_weights/<name>`. Samples run on the model's worker, between its
-other operations, with the saved weights. Samplers live as long as their model.
+other operations, with the saved weights. An unnamed sampler lives as long as its model.
 
-A base model's sampler (no weights) is a model of its own, never trained: a rank-1 LoRA whose
-second matrix starts at zero (PEFT's initialisation), so it computes exactly the base model."""
+A named save's worker also uploads its LoRA adapter to the store (tinker_api.services.
+checkpoints), kept in the save's result: once its model is over (ended, failed, or its session
+closed), its path still makes a sampler, on a sampling-only model of the caller's session whose
+worker loads the base model and that adapter.
+
+A base model's sampler (no weights) is such a model too, never trained: a rank-1 LoRA whose
+second matrix starts at zero (PEFT's initialisation), so it computes exactly the base model.
+A sampling-only model is billed as any model of its session."""
 
 import re
 
-from tinker_api.models import OpKind, OpStatus, TinkerModel, TinkerOperation, TinkerSession
-from tinker_api.services import sessions
+from tinker_api.models import (
+    ModelStatus,
+    OpKind,
+    OpStatus,
+    TinkerModel,
+    TinkerOperation,
+    TinkerSession,
+)
+from tinker_api.services import checkpoints, sessions
 from tinker_api.services.checkpoints import NAME_RE
 from veri.errors import NotFound, VeriError
 from veri.models import Workspace
@@ -18,8 +31,9 @@ from veri.models import Workspace
 SAMPLER_RE = re.compile(r"^(?P<model>.+):sample:(?P<seq>[0-9]{1,9})$")
 MAX_SAMPLES = 64
 MAX_TOKENS = 4096
-# A base model's sampler's model_seq_id: past those a client may give its training clients.
-BASE_SAMPLER_SEQ = 10_001
+# A sampling-only model's model_seq_id: past those a client may give its training clients.
+SAMPLER_SEQ = 10_001
+SAMPLER_KEY = "veri_sampler"  # a sampling-only model's user_metadata: "base", or the path it loaded
 BASE_LORA = {"rank": 1, "train_unembed": False, "train_mlp": False, "train_attn": True}
 
 
@@ -40,6 +54,15 @@ def save_for_sampler(*, model: TinkerModel, seq_id: int, name: str | None) -> Ti
     return sessions.enqueue(
         model=model, seq_id=seq_id, kind=OpKind.SAVE_FOR_SAMPLER, payload=payload
     )
+
+
+def model_path(save: TinkerOperation) -> str | None:
+    """The path a sampler was made from: its named save's, or the one its sampling-only model
+    loaded."""
+    if save.payload.get("name"):
+        return sampler_path(save)
+    loaded = save.model.user_metadata.get(SAMPLER_KEY)
+    return loaded if isinstance(loaded, str) and loaded.startswith("tinker://") else None
 
 
 def saved_answer(operation: TinkerOperation) -> dict:
@@ -97,14 +120,60 @@ def sample(*, save: TinkerOperation, payload: dict) -> TinkerOperation:
     )
 
 
-def base_sampler(*, session: TinkerSession, base_model: str, sampling_seq_id: int) -> str:
-    """A sampler of `base_model` itself (`create_sampling_client(base_model=…)`): its own
-    worker, which samples once loaded. The same `sampling_seq_id` again is the same sampler."""
-    creation = sessions.create_model(
+def path_sampler(*, session: TinkerSession, path: str, sampling_seq_id: int) -> str:
+    """A sampler of the named save `path` (`create_sampling_client(model_path=…)`): on its
+    model's worker while that model is ready in an open session; else a sampling-only model of
+    `session` that loads the adapter the save kept in the store."""
+    save = resolve_path(workspace=session.workspace, path=path)
+    model = save.model
+    if model.status == ModelStatus.READY and model.session.ended_at is None:
+        return sampler_id(save)
+    files = (save.result or {}).get("files")
+    if not files:  # saved before Veri kept sampler weights in the store
+        raise NotFound(f"The sampler weights {path} ended with their model.")
+    load = {
+        "path": path,
+        "files": checkpoints.presigned_gets(checkpoints.sampler_prefix(save), files),
+        "optimizer": False,
+    }
+    return _sampler_model(
         session=session,
-        model_seq_id=BASE_SAMPLER_SEQ + sampling_seq_id,
+        sampling_seq_id=sampling_seq_id,
+        base_model=model.base_model,
+        lora=model.lora,
+        user_metadata={SAMPLER_KEY: path},
+        load=load,
+    )
+
+
+def base_sampler(*, session: TinkerSession, base_model: str, sampling_seq_id: int) -> str:
+    """A sampler of `base_model` itself (`create_sampling_client(base_model=…)`)."""
+    return _sampler_model(
+        session=session,
+        sampling_seq_id=sampling_seq_id,
         base_model=base_model,
         lora=BASE_LORA,
-        user_metadata={"veri_sampler": "base"},
+        user_metadata={SAMPLER_KEY: "base"},
+    )
+
+
+def _sampler_model(
+    *,
+    session: TinkerSession,
+    sampling_seq_id: int,
+    base_model: str,
+    lora: dict,
+    user_metadata: dict,
+    load: dict | None = None,
+) -> str:
+    """A sampling-only model: its own worker, which samples once loaded (and `load`'s adapter
+    loaded into it). The same `sampling_seq_id` again is the same sampler."""
+    creation = sessions.create_model(
+        session=session,
+        model_seq_id=SAMPLER_SEQ + sampling_seq_id,
+        base_model=base_model,
+        lora=lora,
+        user_metadata=user_metadata,
+        load=load,
     )
     return sampler_id(save_for_sampler(model=creation.model, seq_id=1, name=None))
