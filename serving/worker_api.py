@@ -1,7 +1,6 @@
 """`/v1/worker/replicas/{id}/…`: a serving process's side, with its replica token (good for
 its own replica only, dead once it stopped). What it sends is hostile input."""
 
-from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -9,10 +8,9 @@ from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from providers import worker_dist
 from serving.models import Replica
 from serving.services import replicas
-from training.worker_api import WorkerBootstrapView, bearer_token
+from training.worker_api import WorkerBootstrapView, bearer_token, bootstrap_manifest
 from veri.api import ValidatingView
 
 OK = inline_serializer("ReplicaOk", {"ok": serializers.BooleanField()})
@@ -55,9 +53,7 @@ class BootstrapView(ReplicaView):
         "bootstrap`): a rented machine serving a replica installs the same worker.",
     )
     def get(self, request: Request, replica_id: str) -> HttpResponse:
-        cuda = self.validated(WorkerBootstrapView.WorkerBootstrapIn, request.query_params)["cuda"]
-        text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
-        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+        return bootstrap_manifest(self, request)
 
 
 class RegisterView(ReplicaView):

@@ -10,11 +10,10 @@ from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from providers import worker_dist
 from tinker_api import wire
 from tinker_api.models import OpKind, TinkerModel, TinkerOperation
 from tinker_api.services import checkpoints, workers
-from training.worker_api import WorkerBootstrapView, bearer_token
+from training.worker_api import WorkerBootstrapView, bearer_token, bootstrap_manifest
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
@@ -66,9 +65,7 @@ class BootstrapView(ModelWorkerView):
         "bootstrap`): a rented machine holding a Tinker model installs the same worker.",
     )
     def get(self, request: Request, model_id: str) -> HttpResponse:
-        cuda = self.validated(WorkerBootstrapView.WorkerBootstrapIn, request.query_params)["cuda"]
-        text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
-        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+        return bootstrap_manifest(self, request)
 
 
 class RegisterView(ModelWorkerView):

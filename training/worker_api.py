@@ -175,9 +175,15 @@ class WorkerBootstrapView(WorkerView):
         "code and each `wheel` of the wheelhouse, with URLs signed for VERI_PRESIGN_TTL_SECONDS.",
     )
     def get(self, request: Request, job_id: str) -> HttpResponse:
-        cuda = self.validated(self.WorkerBootstrapIn, request.query_params)["cuda"]
-        text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
-        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+        return bootstrap_manifest(self, request)
+
+
+def bootstrap_manifest(view: ValidatingView, request: Request) -> HttpResponse:
+    """The manifest a rented machine's bootstrap installs from: the same for a job's, a
+    replica's and a Tinker model's machine."""
+    cuda = view.validated(WorkerBootstrapView.WorkerBootstrapIn, request.query_params)["cuda"]
+    text = worker_dist.manifest(cuda=cuda, expires=settings.VERI_PRESIGN_TTL_SECONDS)
+    return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 
 class WorkerRegisterView(WorkerView):
