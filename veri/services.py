@@ -76,38 +76,53 @@ def add_owner(*, workspace: Workspace, email: str, password: str | None) -> tupl
     return user, created
 
 
-def create_api_key(*, workspace: Workspace, name: str = "") -> tuple[ApiKey, str]:
-    prefix = secrets.token_hex(4)
-    secret = secrets.token_hex(32)
-    api_key = ApiKey.objects.create(
+def issue_key(model, *, workspace: Workspace, name: str, key_prefix: str) -> tuple:
+    """A key row of `model` (an API key, or a face's key such as a Tinker key) and the key
+    itself, `<key_prefix><prefix>_<secret>`, shown this once: only the secret's hash is kept."""
+    prefix, secret = secrets.token_hex(4), secrets.token_hex(32)
+    key = model.objects.create(
         workspace=workspace, name=name, prefix=prefix, secret_hash=hash_secret(secret)
     )
-    return api_key, f"{KEY_PREFIX}{prefix}_{secret}"
+    return key, f"{key_prefix}{prefix}_{secret}"
+
+
+def revoke_key(key) -> None:
+    type(key).objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def active_key(model, *, raw: str, key_prefix: str):
+    """The active key row of `model` for `<key_prefix><prefix>_<secret>`, or None for anything
+    else."""
+    if not raw.startswith(key_prefix):
+        return None
+    prefix, _, secret = raw[len(key_prefix) :].partition("_")
+    if not prefix or not secret:
+        return None
+    key = (
+        model.objects.select_related("workspace")
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
+    )
+    if key is None or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        model.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+def create_api_key(*, workspace: Workspace, name: str = "") -> tuple[ApiKey, str]:
+    return issue_key(ApiKey, workspace=workspace, name=name, key_prefix=KEY_PREFIX)
 
 
 def revoke_api_key(*, api_key: ApiKey) -> None:
-    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    revoke_key(api_key)
 
 
 def authenticate_api_key(*, raw_key: str) -> ApiKey | None:
     """The active key for `veri_sk_<prefix>_<secret>`, or None for anything else."""
-    if not raw_key.startswith(KEY_PREFIX):
-        return None
-    prefix, _, secret = raw_key[len(KEY_PREFIX) :].partition("_")
-    if not prefix or not secret:
-        return None
-    api_key = (
-        ApiKey.objects.select_related("workspace")
-        .filter(prefix=prefix, revoked_at__isnull=True)
-        .first()
-    )
-    if api_key is None or not hmac.compare_digest(api_key.secret_hash, hash_secret(secret)):
-        return None
-    now = timezone.now()
-    if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
-        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
-        api_key.last_used_at = now
-    return api_key
+    return active_key(ApiKey, raw=raw_key, key_prefix=KEY_PREFIX)
 
 
 def deployment_id() -> str:

@@ -1,46 +1,22 @@
 """Tinker keys: `tml-<prefix>_<secret>`, what the `tinker` client accepts as an API key (it
 requires the `tml-` prefix), mapped to a workspace with the same reach as a Veri API key."""
 
-import hmac
-import secrets
-
-from django.utils import timezone
-
 from tinker_api.models import TinkerKey
+from veri import services as veri_services
 from veri.models import Workspace
-from veri.services import LAST_USED_RESOLUTION, hash_secret
 
 KEY_PREFIX = "tml-"
 
 
 def create_key(*, workspace: Workspace, name: str = "") -> tuple[TinkerKey, str]:
     """The key's row and the key itself, shown this once (only its hash is kept)."""
-    prefix, secret = secrets.token_hex(4), secrets.token_hex(32)
-    key = TinkerKey.objects.create(
-        workspace=workspace, name=name, prefix=prefix, secret_hash=hash_secret(secret)
-    )
-    return key, f"{KEY_PREFIX}{prefix}_{secret}"
+    return veri_services.issue_key(TinkerKey, workspace=workspace, name=name, key_prefix=KEY_PREFIX)
 
 
 def revoke_key(*, key: TinkerKey) -> None:
-    TinkerKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    veri_services.revoke_key(key)
 
 
 def authenticate_key(*, raw: str) -> TinkerKey | None:
     """The active key for `tml-<prefix>_<secret>`, or None for anything else."""
-    if not raw.startswith(KEY_PREFIX):
-        return None
-    prefix, _, secret = raw[len(KEY_PREFIX) :].partition("_")
-    if not prefix or not secret:
-        return None
-    key = (
-        TinkerKey.objects.select_related("workspace")
-        .filter(prefix=prefix, revoked_at__isnull=True)
-        .first()
-    )
-    if key is None or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
-        return None
-    now = timezone.now()
-    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
-        TinkerKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return key
+    return veri_services.active_key(TinkerKey, raw=raw, key_prefix=KEY_PREFIX)
