@@ -280,11 +280,16 @@ class OptimStepView(TinkerView):
         return _future(operation)
 
 
+class SaveIn(serializers.Serializer):
+    """`save_state`'s and `save_weights_for_sampler`'s body: `path` is the save's name."""
+
+    model_id = serializers.CharField(max_length=80)
+    seq_id = serializers.IntegerField(min_value=1)
+    path = serializers.CharField(max_length=100, required=False, allow_null=True)
+
+
 class SaveWeightsView(TinkerView):
-    class Input(serializers.Serializer):
-        model_id = serializers.CharField(max_length=80)
-        seq_id = serializers.IntegerField(min_value=1)
-        path = serializers.CharField(max_length=100, required=False, allow_null=True)
+    Input = SaveIn
 
     def post(self, request: Request) -> Response:
         data = self.validated(self.Input, request.data)
@@ -341,10 +346,7 @@ class SaveWeightsForSamplerView(TinkerView):
     """`path` (a name): a sampler checkpoint; none: a sampler of these weights
     (`save_weights_and_get_sampling_client`)."""
 
-    class Input(serializers.Serializer):
-        model_id = serializers.CharField(max_length=80)
-        seq_id = serializers.IntegerField(min_value=1)
-        path = serializers.CharField(max_length=100, required=False, allow_null=True)
+    Input = SaveIn
 
     def post(self, request: Request) -> Response:
         data = self.validated(self.Input, request.data)
