@@ -70,8 +70,6 @@ def supervised(tokenizer) -> list[types.Datum]:
 
 def test_a_supervised_loop_lowers_the_loss(
     platform,  # noqa: F811
-    live_server,
-    tinker_key,
     connect,
     tiny_model,
     stop_models,
@@ -133,8 +131,6 @@ def losses_of(training, data, steps: int, learning_rate: float = 2e-2) -> list[f
 
 def test_a_saved_state_loads_into_a_new_client_and_training_goes_on_the_same(
     platform,  # noqa: F811
-    live_server,
-    tinker_key,
     connect,
     tiny_model,
     stop_models,
@@ -195,8 +191,6 @@ def ended_saved(model_id: str) -> str:
 
 def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_client(
     platform,  # noqa: F811
-    live_server,
-    tinker_key,
     connect,
     tiny_model,
     stop_models,
@@ -232,8 +226,6 @@ def test_the_budget_cap_saves_and_ends_the_model_and_its_state_loads_in_a_new_cl
 
 def test_an_idle_session_saves_each_models_state_before_it_ends(
     platform,  # noqa: F811
-    live_server,
-    tinker_key,
     connect,
     tiny_model,
     stop_models,
@@ -287,8 +279,6 @@ def test_the_rl_example_raises_the_mean_reward(
 
 def test_sampled_logprobs_are_a_forward_pass_s(
     platform,  # noqa: F811
-    live_server,
-    tinker_key,
     connect,
     tiny_model,
     stop_models,

@@ -21,8 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serializ
 
 def test_named_sampler_weights_sample_the_same_after_their_session_closed(
     platform,  # noqa: F811
-    live_server,
-    tinker_key,  # noqa: F811
     connect,  # noqa: F811
     tiny_model,
     stop_models,  # noqa: F811
