@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tinker_api import selectors, wire
-from tinker_api.models import ModelStatus, OpKind, OpStatus, TinkerKey
+from tinker_api.models import CheckpointKind, ModelStatus, OpKind, OpStatus, TinkerKey
 from tinker_api.services import base_models, checkpoints, keys, sampling, sessions, usage
 from veri.api import ValidatingView
 from veri.errors import VeriError
@@ -330,7 +330,9 @@ class LoadWeightsView(TinkerView):
         if not data.get("session_id") or data.get("model_seq_id") is None:
             raise VeriError("Send model_id and seq_id, or session_id and model_seq_id.")
         session = selectors.get_session(workspace=self.workspace, session_id=data["session_id"])
-        checkpoint = checkpoints.resolve(workspace=self.workspace, path=data["path"])
+        checkpoint = checkpoints.loadable(
+            workspace=self.workspace, path=data["path"], optimizer=data["optimizer"]
+        )
         operation = sessions.create_model(
             session=session,
             model_seq_id=data["model_seq_id"],
@@ -519,14 +521,15 @@ def unsupported(request: HttpRequest, path: str = "") -> JsonResponse:
 
 
 # The rest client's listing routes (`tinker.ServiceClient().create_rest_client()`): training
-# runs are the workspace's models, their checkpoints the saved states ("training" ones; sampler
-# weights are not listed, and Veri has no external weights yet, nor public checkpoints).
+# runs are the workspace's models, their checkpoints the saved states ("training") and named
+# sampler weights ("sampler"); Veri has no external weights yet, nor public checkpoints.
+CHECKPOINT_TYPES = {CheckpointKind.STATE: "training", CheckpointKind.SAMPLER: "sampler"}
 
 
 def _checkpoint_out(checkpoint) -> dict:
     return {
-        "checkpoint_id": f"weights/{checkpoint.name}",
-        "checkpoint_type": "training",
+        "checkpoint_id": f"{checkpoint.kind}/{checkpoint.name}",
+        "checkpoint_type": CHECKPOINT_TYPES[checkpoint.kind],
         "time": checkpoint.created_at,
         "tinker_path": checkpoints.tinker_path(checkpoint),
         "size_bytes": checkpoint.size_bytes,
@@ -536,7 +539,12 @@ def _checkpoint_out(checkpoint) -> dict:
 
 def _run_out(model) -> dict:
     saved = [c for c in model.checkpoints.all() if c.files is not None]
-    last = max(saved, key=lambda c: (c.created_at, c.pk), default=None)
+
+    def last(kind: str) -> dict | None:
+        of_kind = [c for c in saved if c.kind == kind]
+        newest = max(of_kind, key=lambda c: (c.created_at, c.pk), default=None)
+        return _checkpoint_out(newest) if newest else None
+
     return {
         "training_run_id": model.model_id,
         "base_model": model.base_model,
@@ -545,8 +553,8 @@ def _run_out(model) -> dict:
         "corrupted": model.status == ModelStatus.FAILED,
         "lora_rank": model.lora["rank"],
         "last_request_time": model.last_seen_at or model.created_at,
-        "last_checkpoint": _checkpoint_out(last) if last else None,
-        "last_sampler_checkpoint": None,
+        "last_checkpoint": last(CheckpointKind.STATE),
+        "last_sampler_checkpoint": last(CheckpointKind.SAMPLER),
         "user_metadata": {str(k): str(v) for k, v in model.user_metadata.items()},
     }
 
@@ -618,7 +626,8 @@ class WeightsInfoView(TinkerView):
 
     def post(self, request: Request) -> Response:
         path = self.validated(self.Input, request.data)["tinker_path"]
-        model = checkpoints.resolve(workspace=self.workspace, path=path).model
+        kinds = tuple(CheckpointKind)
+        model = checkpoints.resolve(workspace=self.workspace, path=path, kinds=kinds).model
         lora = model.lora
         return Response(
             {

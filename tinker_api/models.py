@@ -141,15 +141,31 @@ class TinkerOperation(models.Model):
     def __str__(self) -> str:
         return f"{self.model_id}#{self.seq_id} {self.kind}"
 
+    @property
+    def uploads(self) -> bool:
+        """Its worker uploads files (a checkpoint's): a `save_state`, or a named sampler save."""
+        return self.kind == OpKind.SAVE_WEIGHTS or (
+            self.kind == OpKind.SAVE_FOR_SAMPLER and bool(self.payload.get("name"))
+        )
+
+
+class CheckpointKind(models.TextChoices):
+    """The segment of a save's `tinker://` path."""
+
+    STATE = "weights", "state"  # save_state: LoRA weights and AdamW state
+    SAMPLER = "sampler_weights", "sampler weights"  # a named save_weights_for_sampler: LoRA only
+
 
 class TinkerCheckpoint(models.Model):
-    """A model's state saved by `save_state` (LoRA weights and AdamW state), addressed by the
-    client as `tinker://<model_id>/weights/<name>`. Its files are under the workspace's
-    `tinker/<public_id>/` folder; `files` is set once they are all uploaded. Its LoRA adapter is
-    then also a Veri checkpoint (`checkpoint`, without a job, on the same folder): deployments
-    and managed jobs take it as they take a job's."""
+    """A model's save, addressed by the client as `tinker://<model_id>/<kind>/<name>`: a
+    `save_state` (LoRA weights and AdamW state) or a named `save_weights_for_sampler` (its LoRA
+    weights). Its files are under the workspace's `tinker/…/` folder (tinker_api.services.
+    checkpoints.folder); `files` is set once they are all uploaded. Its LoRA adapter is then also
+    a Veri checkpoint (`checkpoint`, without a job, on the same folder): deployments and managed
+    jobs take it as they take a job's."""
 
     model = models.ForeignKey(TinkerModel, on_delete=models.CASCADE, related_name="checkpoints")
+    kind = models.CharField(max_length=20, choices=CheckpointKind, default=CheckpointKind.STATE)
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE)
     public_id = public_id_field("tck")
     operation = models.OneToOneField(TinkerOperation, on_delete=models.CASCADE)
@@ -161,7 +177,7 @@ class TinkerCheckpoint(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
-        return f"{self.model.model_id}/weights/{self.name}"
+        return f"{self.model.model_id}/{self.kind}/{self.name}"
 
     @property
     def size_bytes(self) -> int:

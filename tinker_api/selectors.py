@@ -85,16 +85,17 @@ def list_checkpoints(*, workspace: Workspace) -> QuerySet[TinkerCheckpoint]:
     """Saved checkpoints (all files uploaded), newest first."""
     return (
         TinkerCheckpoint.objects.filter(workspace=workspace, files__isnull=False)
-        .select_related("model", "workspace", "checkpoint")
+        .select_related("model", "workspace", "checkpoint", "operation")
         .order_by("-created_at", "-pk")
     )
 
 
 def get_checkpoint(*, workspace: Workspace, model_id: str, checkpoint_id: str) -> TinkerCheckpoint:
-    """The client's `<model_id>` and `weights/<name>`, or the dashboard's public id (`tck_…`)."""
+    """The client's `<model_id>` and `<kind>/<name>` (`weights/…`, `sampler_weights/…`), or the
+    dashboard's public id (`tck_…`)."""
     kind, _, name = checkpoint_id.partition("/")
     found = list_checkpoints(workspace=workspace).filter(model__model_id=model_id)
-    by = {"name": name} if kind == "weights" else {"public_id": checkpoint_id}
+    by = {"kind": kind, "name": name} if name else {"public_id": checkpoint_id}
     checkpoint = found.filter(**by).first()
     if checkpoint is None:
         raise NotFound(f"No checkpoint {checkpoint_id} of {model_id} in this workspace.")

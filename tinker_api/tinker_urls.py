@@ -4,7 +4,8 @@ from django.urls import path, re_path
 
 from tinker_api import api
 
-CK = r"(?P<checkpoint_id>weights/[^/]+)"  # the client's checkpoint id: `weights/<name>`
+# The client's checkpoint id: `weights/<name>` or `sampler_weights/<name>`.
+CK = r"(?P<checkpoint_id>(?:sampler_)?weights/[^/]+)"
 
 urlpatterns = [
     path("healthz", api.HealthView.as_view()),

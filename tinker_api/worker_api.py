@@ -134,10 +134,7 @@ class ResultView(ModelWorkerView):
 def _check_result(operation: TinkerOperation, result: dict | None) -> None:
     """A result the client can read: forward outputs that encode, numeric metrics, a save's
     files (a named sampler save uploads its adapter too)."""
-    kind = operation.kind
-    uploaded = kind == OpKind.SAVE_WEIGHTS or (
-        kind == OpKind.SAVE_FOR_SAMPLER and operation.payload.get("name")
-    )
+    kind, uploaded = operation.kind, operation.uploads
     if kind in (OpKind.CREATE, OpKind.LOAD_WEIGHTS, OpKind.SAVE_FOR_SAMPLER) and not uploaded:
         return
     if not isinstance(result, dict):

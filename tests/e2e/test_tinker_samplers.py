@@ -39,7 +39,8 @@ def test_named_sampler_weights_sample_the_same_after_their_session_closed(
     [before] = sampler.sample(prompt, 1, greedy).result().sequences
     service.close("success").result()
 
-    later = connect().create_sampling_client(model_path=path).result()
+    again = connect()
+    later = again.create_sampling_client(model_path=path).result()
     [after] = later.sample(prompt, 1, greedy).result().sequences
     assert after.tokens == before.tokens
     assert after.logprobs == pytest.approx(before.logprobs, abs=1e-4)
@@ -47,3 +48,7 @@ def test_named_sampler_weights_sample_the_same_after_their_session_closed(
     loaded = TinkerModel.objects.get(user_metadata__veri_sampler=path)
     assert trained.status != ModelStatus.READY and loaded.status == ModelStatus.READY
     assert loaded.session != trained.session
+    # The saved weights are a checkpoint of type `sampler`, as the rest client lists them
+    # (beside the state the model saved as its session closed).
+    listed = again.create_rest_client().list_checkpoints(training.model_id).result().checkpoints
+    assert [c.tinker_path for c in listed if c.checkpoint_type == "sampler"] == [path]

@@ -1,19 +1,24 @@
 """The `tinker` rest client, unmodified, lists the workspace's training runs, sessions and saved
-checkpoints, reads a checkpoint's LoRA, and deletes one; the checkpoint's adapter downloads as
-an archive PEFT loads. Another workspace's are the client's not-found error."""
+checkpoints (saved states and named sampler weights), reads a checkpoint's LoRA, and deletes
+one; the checkpoint's adapter downloads as an archive PEFT loads. Another workspace's are the
+client's not-found error."""
 
+import importlib
 import io
 import tarfile
+from datetime import timedelta
 
 import httpx
 import pytest
 import tinker
 import torch
+from django.apps import apps
 from django.utils import timezone
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from tinker_api.models import (
+    CheckpointKind,
     ModelStatus,
     OpKind,
     OpStatus,
@@ -24,7 +29,7 @@ from tinker_api.models import (
 )
 from tinker_api.services import checkpoints, keys
 from veri import services as veri_services
-from veri.errors import NotFound
+from veri.errors import NotFound, VeriError
 from volumes.stores import keys as store_keys
 from volumes.stores import store_for
 
@@ -50,25 +55,37 @@ def new_model(session, base_model: str, seq: int = 0) -> TinkerModel:
     )
 
 
-def save_checkpoint(model: TinkerModel, tiny_model, folder, name: str = "after-3"):
-    """What a worker's `save_state` leaves: a real PEFT adapter of the tiny model (and the
-    optimizer's state) in the checkpoint's folder of the store, its row complete. Returns the
+def save_checkpoint(
+    model: TinkerModel,
+    tiny_model,
+    folder,
+    name: str = "after-3",
+    kind: CheckpointKind = CheckpointKind.STATE,
+):
+    """What a worker's `save_state` leaves (or, of `kind` SAMPLER, a named
+    `save_weights_for_sampler`'s): a real PEFT adapter of the tiny model (and the optimizer's
+    state, for a state) in the checkpoint's folder of the store, its row complete. Returns the
     checkpoint and the adapter's weights."""
     peft = get_peft_model(
         AutoModelForCausalLM.from_pretrained(tiny_model),
         LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False),
     )
     peft.save_pretrained(folder)
-    (folder / "optimizer.pt").write_bytes(b"adam moments")
+    if kind == CheckpointKind.STATE:
+        (folder / "optimizer.pt").write_bytes(b"adam moments")
     seq = model.operations.count() + 1
     operation = TinkerOperation.objects.create(
-        model=model, seq_id=seq, kind=OpKind.SAVE_WEIGHTS, status=OpStatus.DONE
+        model=model,
+        seq_id=seq,
+        kind=OpKind.SAVE_WEIGHTS if kind == CheckpointKind.STATE else OpKind.SAVE_FOR_SAMPLER,
+        payload={"name": name},
+        status=OpStatus.DONE,
     )
     checkpoint = TinkerCheckpoint.objects.create(
-        model=model, workspace=model.workspace, operation=operation, name=name
+        model=model, workspace=model.workspace, operation=operation, name=name, kind=kind
     )
     prefix = store_keys.workspace_prefix(model.workspace.public_id).child(
-        f"tinker/{checkpoint.public_id}"
+        checkpoints.folder(checkpoint)
     )
     store, files = store_for(prefix), []
     for path in sorted(p for p in folder.iterdir() if p.is_file()):
@@ -193,3 +210,92 @@ def test_a_deleted_checkpoint_no_longer_resolves(workspace, tiny_model, tmp_path
     checkpoints.delete(checkpoint)
     with pytest.raises(NotFound):
         checkpoints.resolve(workspace=workspace, path=path)
+
+
+def test_named_sampler_weights_are_sampler_checkpoints_listed_downloaded_and_deleted(
+    live_server, workspace, tiny_model, tmp_path
+):
+    model = new_model(new_session(workspace), str(tiny_model))
+    save_checkpoint(model, tiny_model, tmp_path / "state", name="s1")
+    sampler, lora = save_checkpoint(
+        model, tiny_model, tmp_path / "sampler", name="eval", kind=CheckpointKind.SAMPLER
+    )
+    path = f"tinker://{model.model_id}/sampler_weights/eval"
+    assert checkpoints.tinker_path(sampler) == path
+    rest, raw = rest_client(live_server, workspace)
+
+    listed = rest.list_checkpoints(model.model_id).result().checkpoints
+    assert sorted((c.checkpoint_type, c.checkpoint_id, c.tinker_path) for c in listed) == [
+        ("sampler", "sampler_weights/eval", path),
+        ("training", "weights/s1", f"tinker://{model.model_id}/weights/s1"),
+    ]
+    [run] = rest.list_training_runs().result().training_runs
+    assert run.last_sampler_checkpoint.tinker_path == path
+    assert run.last_checkpoint.tinker_path == f"tinker://{model.model_id}/weights/s1"
+    assert rest.get_weights_info_by_tinker_path(path).result().base_model == str(tiny_model)
+
+    # Its archive is the adapter alone, as PEFT loads it.
+    redirect = httpx.get(
+        f"{live_server.url}/api/v1/training_runs/{model.model_id}/checkpoints/"
+        "sampler_weights/eval/archive",
+        headers={"X-API-Key": raw},
+    )
+    assert redirect.status_code == 302, redirect.text
+    with tarfile.open(fileobj=io.BytesIO(httpx.get(redirect.headers["Location"]).content)) as tar:
+        names = sorted(tar.getnames())
+        assert names == ["eval/adapter_config.json", "eval/adapter_model.safetensors"]
+        tar.extractall(tmp_path / "downloaded", filter="data")
+    loaded = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model), tmp_path / "downloaded" / "eval"
+    )
+    got = {k: v for k, v in loaded.state_dict().items() if "lora_" in k}
+    assert all(torch.equal(got[k], lora[k]) for k in lora)
+
+    # Deployments and managed jobs take its path as they take a saved state's; a training
+    # client loads its weights, but not an optimizer state it does not hold.
+    base, veri_checkpoint = checkpoints.resolve_adapter(workspace=workspace, name=path)
+    assert base == str(tiny_model)
+    assert veri_checkpoint.files == [f for f in sampler.files if f["path"].startswith("adapter_")]
+    assert checkpoints.loadable(workspace=workspace, path=path, optimizer=False) == sampler
+    with pytest.raises(VeriError, match="no optimizer state"):
+        checkpoints.loadable(workspace=workspace, path=path, optimizer=True)
+
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    [left] = rest.list_checkpoints(model.model_id).result().checkpoints
+    assert left.checkpoint_type == "training"
+    assert checkpoints.resolve_adapter(workspace=workspace, name=path) is None
+    prefix = store_keys.workspace_prefix(workspace.public_id)
+    assert not any(
+        obj.key.startswith(checkpoints.folder(sampler))
+        for obj in store_for(prefix).iter_objects(prefix)
+    )
+
+
+def test_sampler_saves_made_before_they_were_checkpoints_become_ones(workspace, tiny_model):
+    """Migration tinker_api 0007: a named sampler save that kept its files in its result."""
+    model = new_model(new_session(workspace), str(tiny_model))
+    finished = timezone.now() - timedelta(days=2)
+    files = [{"path": "adapter_model.safetensors", "size": 10}]
+    save = TinkerOperation.objects.create(
+        model=model,
+        seq_id=1,
+        kind=OpKind.SAVE_FOR_SAMPLER,
+        payload={"name": "old"},
+        status=OpStatus.DONE,
+        result={"files": files},
+        finished_at=finished,
+    )
+    TinkerOperation.objects.create(  # unnamed: only in its worker's memory
+        model=model, seq_id=2, kind=OpKind.SAVE_FOR_SAMPLER, status=OpStatus.DONE, result={}
+    )
+    migration = importlib.import_module("tinker_api.migrations.0007_sampler_weights_checkpoints")
+    migration.sampler_saves_as_checkpoints(apps, None)
+    migration.sampler_saves_as_checkpoints(apps, None)  # twice: still one
+
+    [made] = TinkerCheckpoint.objects.filter(model=model)
+    assert (made.kind, made.name, made.files) == ("sampler_weights", "old", files)
+    assert made.operation == save
+    assert made.created_at == finished
+    assert checkpoints.folder(made) == f"tinker/{save.request_id}"  # where its files are
+    path = f"tinker://{model.model_id}/sampler_weights/old"
+    assert checkpoints.resolve(workspace=workspace, path=path, kinds=tuple(CheckpointKind)) == made

@@ -1,10 +1,11 @@
-"""`save_state` and `load_state`: a model's LoRA weights and AdamW state saved by its worker into
-the workspace's `tinker/<checkpoint>/` folder (presigned PUTs), addressed by the client as
-`tinker://<model_id>/weights/<name>`, and loaded back by any model of the workspace. Its LoRA
-adapter is also a Veri checkpoint: that path names it to deployments and managed jobs.
-
-A named `save_weights_for_sampler` uploads its LoRA adapter the same way, into
-`tinker/<its request id>/` (tinker_api.services.sampling reads it back)."""
+"""Saves: `save_state` (a model's LoRA weights and AdamW state) saved by its worker into the
+workspace's `tinker/<checkpoint>/` folder (presigned PUTs), addressed by the client as
+`tinker://<model_id>/weights/<name>` and loaded back by any model of the workspace; and a named
+`save_weights_for_sampler` (its LoRA weights), uploaded the same way into
+`tinker/<its request id>/`, addressed as `tinker://<model_id>/sampler_weights/<name>`
+(tinker_api.services.sampling samples from it). Each one's LoRA adapter is also a Veri
+checkpoint: its path names it to deployments and managed jobs, and both kinds are listed,
+downloaded and deleted alike."""
 
 import re
 import tarfile
@@ -12,7 +13,14 @@ import tarfile
 from django.conf import settings
 from django.db import transaction
 
-from tinker_api.models import OpKind, OpStatus, TinkerCheckpoint, TinkerModel, TinkerOperation
+from tinker_api.models import (
+    CheckpointKind,
+    OpKind,
+    OpStatus,
+    TinkerCheckpoint,
+    TinkerModel,
+    TinkerOperation,
+)
 from tinker_api.services import sessions
 from training.models import Checkpoint
 from veri.errors import NotFound, VeriError
@@ -24,12 +32,28 @@ MAX_FILES = 20
 
 
 def tinker_path(checkpoint: TinkerCheckpoint) -> str:
-    return f"tinker://{checkpoint.model.model_id}/weights/{checkpoint.name}"
+    return f"tinker://{checkpoint.model.model_id}/{checkpoint.kind}/{checkpoint.name}"
+
+
+def folder(checkpoint: TinkerCheckpoint) -> str:
+    """Its folder under the workspace's prefix: a sampler save's is named after its request, as
+    it was before sampler saves were checkpoints."""
+    if checkpoint.kind == CheckpointKind.SAMPLER:
+        return f"tinker/{checkpoint.operation.request_id}"
+    return f"tinker/{checkpoint.public_id}"
 
 
 def _prefix(checkpoint: TinkerCheckpoint) -> keys.Prefix:
-    workspace = keys.workspace_prefix(checkpoint.workspace.public_id)
-    return workspace.child(f"tinker/{checkpoint.public_id}")
+    return keys.workspace_prefix(checkpoint.workspace.public_id).child(folder(checkpoint))
+
+
+def record(*, operation: TinkerOperation, name: str, kind: CheckpointKind) -> None:
+    """The save `operation` will make (its files once its worker uploaded them)."""
+    model = operation.model
+    TinkerCheckpoint.objects.get_or_create(
+        operation=operation,
+        defaults={"model": model, "workspace": model.workspace, "name": name, "kind": kind},
+    )
 
 
 def save(*, model: TinkerModel, seq_id: int, name: str | None) -> TinkerOperation:
@@ -41,23 +65,24 @@ def save(*, model: TinkerModel, seq_id: int, name: str | None) -> TinkerOperatio
     operation = sessions.enqueue(
         model=model, seq_id=seq_id, kind=OpKind.SAVE_WEIGHTS, payload={"name": name}
     )
-    TinkerCheckpoint.objects.get_or_create(
-        operation=operation, defaults={"model": model, "workspace": model.workspace, "name": name}
-    )
+    record(operation=operation, name=name, kind=CheckpointKind.STATE)
     return operation
 
 
-def resolve(*, workspace: Workspace, path: str) -> TinkerCheckpoint:
-    """The saved checkpoint `tinker://<model_id>/weights/<name>` of this workspace."""
+def resolve(
+    *, workspace: Workspace, path: str, kinds: tuple[str, ...] = (CheckpointKind.STATE,)
+) -> TinkerCheckpoint:
+    """The save `tinker://<model_id>/<kind>/<name>` of this workspace, of one of `kinds` (the
+    newest of that name)."""
     run, _, rest = path.removeprefix("tinker://").partition("/")
     kind, _, name = rest.partition("/")
     checkpoint = None
-    if path.startswith("tinker://") and kind == "weights":
+    if path.startswith("tinker://") and kind in kinds:
         checkpoint = (
             TinkerCheckpoint.objects.filter(
-                workspace=workspace, model__model_id=run, name=name, files__isnull=False
+                workspace=workspace, model__model_id=run, kind=kind, name=name, files__isnull=False
             )
-            .select_related("model", "workspace")
+            .select_related("model", "workspace", "operation")
             .order_by("-created_at", "-pk")
             .first()
         )
@@ -81,39 +106,40 @@ def load_payload(checkpoint: TinkerCheckpoint, *, optimizer: bool) -> dict:
     return {"path": tinker_path(checkpoint), "files": files, "optimizer": optimizer}
 
 
+def loadable(*, workspace: Workspace, path: str, optimizer: bool) -> TinkerCheckpoint:
+    """The save `path` names, for a load: sampler weights hold no optimizer state."""
+    checkpoint = resolve(workspace=workspace, path=path, kinds=tuple(CheckpointKind))
+    if optimizer and checkpoint.kind == CheckpointKind.SAMPLER:
+        raise VeriError(
+            f"{path} holds LoRA weights only, no optimizer state: load it without the "
+            "optimizer (load_state, create_training_client_from_state), or save with "
+            "save_state to keep the optimizer.",
+            field="path",
+        )
+    return checkpoint
+
+
 def load(*, model: TinkerModel, seq_id: int, path: str, optimizer: bool) -> TinkerOperation:
-    checkpoint = resolve(workspace=model.workspace, path=path)
+    checkpoint = loadable(workspace=model.workspace, path=path, optimizer=optimizer)
     payload = load_payload(checkpoint, optimizer=optimizer)
     return sessions.enqueue(model=model, seq_id=seq_id, kind=OpKind.LOAD_WEIGHTS, payload=payload)
 
 
-def sampler_prefix(operation: TinkerOperation) -> keys.Prefix:
-    """The folder of a named sampler save's adapter."""
-    workspace = keys.workspace_prefix(operation.model.workspace.public_id)
-    return workspace.child(f"tinker/{operation.request_id}")
-
-
 def _running_save_prefix(model: TinkerModel, request_id: str) -> keys.Prefix:
-    """The folder of the model's running save `request_id`: a `save_state`'s checkpoint, or a
-    named sampler save's."""
-    operation = (
-        model.operations.filter(
-            request_id=request_id,
-            status=OpStatus.RUNNING,
-            kind__in=(OpKind.SAVE_WEIGHTS, OpKind.SAVE_FOR_SAMPLER),
+    """The folder of the model's running save `request_id` (a `save_state`, or a named sampler
+    save)."""
+    checkpoint = (
+        TinkerCheckpoint.objects.filter(
+            model=model,
+            operation__request_id=request_id,
+            operation__status=OpStatus.RUNNING,
         )
-        .select_related("model__workspace")
+        .select_related("workspace", "operation")
         .first()
     )
-    if operation is not None and operation.kind == OpKind.SAVE_WEIGHTS:
-        checkpoint = (
-            TinkerCheckpoint.objects.filter(operation=operation).select_related("workspace").first()
-        )
-        if checkpoint is not None:
-            return _prefix(checkpoint)
-    elif operation is not None and operation.payload.get("name"):
-        return sampler_prefix(operation)
-    raise NotFound(f"No save {request_id} running for this model.")
+    if checkpoint is None:
+        raise NotFound(f"No save {request_id} running for this model.")
+    return _prefix(checkpoint)
 
 
 def upload_urls(*, model: TinkerModel, request_id: str, files: list[dict]) -> list[dict]:
@@ -137,14 +163,14 @@ def saved_files(prefix: keys.Prefix, files: list[dict]) -> list[dict]:
 
 
 def complete(*, operation: TinkerOperation, files: list[dict]) -> dict:
-    """The save's files are uploaded: the checkpoint can be loaded. The client's answer."""
-    checkpoint = TinkerCheckpoint.objects.select_related("model", "workspace").get(
+    """The save's files are uploaded: the checkpoint can be loaded. Its operation's result."""
+    checkpoint = TinkerCheckpoint.objects.select_related("model", "workspace", "operation").get(
         operation=operation
     )
     checkpoint.files = saved_files(_prefix(checkpoint), files)
     checkpoint.save(update_fields=["files"])
     as_veri_checkpoint(checkpoint)
-    return {"type": "save_weights", "path": tinker_path(checkpoint)}
+    return {"type": operation.kind, "path": tinker_path(checkpoint)}
 
 
 @transaction.atomic
@@ -161,7 +187,7 @@ def as_veri_checkpoint(checkpoint: TinkerCheckpoint) -> Checkpoint:
         checkpoint.checkpoint = Checkpoint.objects.create(
             workspace=checkpoint.workspace,
             base_model=checkpoint.model.base_model,
-            folder=f"tinker/{checkpoint.public_id}",
+            folder=folder(checkpoint),
             step=steps.count(),
             final=False,
             files=adapter,
@@ -175,7 +201,7 @@ def adapter_name(checkpoint: TinkerCheckpoint) -> str:
     """The name a deployment serves the save's adapter under: its `tinker://` path, or its Veri
     checkpoint's id when a newer save of the model took that name."""
     path = tinker_path(checkpoint)
-    if resolve(workspace=checkpoint.workspace, path=path) == checkpoint:
+    if resolve(workspace=checkpoint.workspace, path=path, kinds=(checkpoint.kind,)) == checkpoint:
         return path
     return as_veri_checkpoint(checkpoint).public_id
 
@@ -186,7 +212,7 @@ def resolve_adapter(*, workspace: Workspace, name: str) -> tuple[str, Checkpoint
     if not name.startswith("tinker://"):
         return None
     try:
-        saved = resolve(workspace=workspace, path=name)
+        saved = resolve(workspace=workspace, path=name, kinds=tuple(CheckpointKind))
     except NotFound:
         return None
     checkpoint = as_veri_checkpoint(saved)

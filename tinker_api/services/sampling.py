@@ -4,10 +4,11 @@ its order (in its worker's memory), and a sampler is those weights: its id is
 `tinker://<model_id>/sampler_weights/<name>`. Samples run on the model's worker, between its
 other operations, with the saved weights. An unnamed sampler lives as long as its model.
 
-A named save's worker also uploads its LoRA adapter to the store (tinker_api.services.
-checkpoints), kept in the save's result: once its model is over (ended, failed, or its session
-closed), its path still makes a sampler, on a sampling-only model of the caller's session whose
-worker loads the base model and that adapter.
+A named save's worker also uploads its LoRA adapter to the store: a checkpoint of the workspace
+(tinker_api.services.checkpoints), listed, downloaded, deployed and deleted as a `save_state`'s.
+Once its model is over (ended, failed, or its session closed), its path still makes a sampler,
+on a sampling-only model of the caller's session whose worker loads the base model and that
+adapter.
 
 A base model's sampler (no weights) is such a model too, never trained: a rank-1 LoRA whose
 second matrix starts at zero (PEFT's initialisation), so it computes exactly the base model.
@@ -16,9 +17,11 @@ A sampling-only model is billed as any model of its session."""
 import re
 
 from tinker_api.models import (
+    CheckpointKind,
     ModelStatus,
     OpKind,
     OpStatus,
+    TinkerCheckpoint,
     TinkerModel,
     TinkerOperation,
     TinkerSession,
@@ -51,9 +54,12 @@ def save_for_sampler(*, model: TinkerModel, seq_id: int, name: str | None) -> Ti
             "A sampler's name is letters, digits, '.', '_' and '-' (up to 100).", field="path"
         )
     payload = {"name": name} if name else {}
-    return sessions.enqueue(
+    operation = sessions.enqueue(
         model=model, seq_id=seq_id, kind=OpKind.SAVE_FOR_SAMPLER, payload=payload
     )
+    if name:
+        checkpoints.record(operation=operation, name=name, kind=CheckpointKind.SAMPLER)
+    return operation
 
 
 def model_path(save: TinkerOperation) -> str | None:
@@ -93,22 +99,14 @@ def get_sampler(*, workspace: Workspace, sampler: str) -> TinkerOperation:
     return operation
 
 
-def resolve_path(*, workspace: Workspace, path: str) -> TinkerOperation:
-    """The finished save `tinker://<model_id>/sampler_weights/<name>` of this workspace (the
-    newest of that name)."""
-    run, _, rest = path.removeprefix("tinker://").partition("/")
-    kind, _, name = rest.partition("/")
-    operation = None
-    if path.startswith("tinker://") and kind == "sampler_weights":
-        operation = (
-            _saves(workspace)
-            .filter(model__model_id=run, payload__name=name, status=OpStatus.DONE)
-            .order_by("-seq_id")
-            .first()
-        )
-    if operation is None:
-        raise NotFound(f"No sampler weights {path} in this workspace.")
-    return operation
+def resolve_path(*, workspace: Workspace, path: str) -> TinkerCheckpoint:
+    """The saved sampler weights `tinker://<model_id>/sampler_weights/<name>` of this workspace
+    (the newest of that name)."""
+    try:
+        kinds = (CheckpointKind.SAMPLER,)
+        return checkpoints.resolve(workspace=workspace, path=path, kinds=kinds)
+    except NotFound:
+        raise NotFound(f"No sampler weights {path} in this workspace.") from None
 
 
 def sample(*, save: TinkerOperation, payload: dict) -> TinkerOperation:
@@ -124,25 +122,17 @@ def path_sampler(*, session: TinkerSession, path: str, sampling_seq_id: int) -> 
     """A sampler of the named save `path` (`create_sampling_client(model_path=…)`): on its
     model's worker while that model is ready in an open session; else a sampling-only model of
     `session` that loads the adapter the save kept in the store."""
-    save = resolve_path(workspace=session.workspace, path=path)
-    model = save.model
+    saved = resolve_path(workspace=session.workspace, path=path)
+    model = saved.model
     if model.status == ModelStatus.READY and model.session.ended_at is None:
-        return sampler_id(save)
-    files = (save.result or {}).get("files")
-    if not files:  # saved before Veri kept sampler weights in the store
-        raise NotFound(f"The sampler weights {path} ended with their model.")
-    load = {
-        "path": path,
-        "files": checkpoints.presigned_gets(checkpoints.sampler_prefix(save), files),
-        "optimizer": False,
-    }
+        return sampler_id(saved.operation)
     return _sampler_model(
         session=session,
         sampling_seq_id=sampling_seq_id,
         base_model=model.base_model,
         lora=model.lora,
         user_metadata={SAMPLER_KEY: path},
-        load=load,
+        load=checkpoints.load_payload(saved, optimizer=False),
     )
 
 

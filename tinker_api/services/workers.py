@@ -117,12 +117,8 @@ def finish_operation(
             raise NotFound(f"No operation {request_id} for this model.")
         if operation.status != OpStatus.RUNNING:
             return  # a duplicate report, or the model ended meanwhile
-        if ok and operation.kind == OpKind.SAVE_WEIGHTS:
+        if ok and operation.uploads:  # a named sampler save's path samples from its files
             result = checkpoints.complete(operation=operation, files=result["files"])
-        elif ok and operation.kind == OpKind.SAVE_FOR_SAMPLER and operation.payload.get("name"):
-            # The adapter it uploaded: its path samples from these once the model is over.
-            prefix = checkpoints.sampler_prefix(operation)
-            result = {"files": checkpoints.saved_files(prefix, result["files"])}
         operation.status = OpStatus.DONE if ok else OpStatus.FAILED
         operation.result = result if ok else None
         # A worker reports only errors of the customer's request (bad inputs); its own faults
