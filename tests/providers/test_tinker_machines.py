@@ -77,11 +77,15 @@ def test_a_model_on_a_cloud_provider_boots_the_tinker_worker_with_its_token_alon
     assert model.external_id and model.launched_at is not None  # its uptime bills from here
     script = script_of(fake, request)
     api = settings.VERI_PUBLIC_URL
-    worker = shlex.join(["-m", "worker", "tinker", "--model", model.model_id, "--api", api])
+    worker = shlex.join(
+        ["-m", "worker", "tinker", "--model", model.model_id, "--api", api, "--sampler", "vllm"]
+    )
     assert f'"$root/venv/bin/python" {worker} ||' in script
     assert f"\njob={shlex.quote(model.model_id)}\n" in script
     assert 'routes="$api/v1/worker/tinker_models/$job"' in script
-    assert "engine=" not in script  # no vLLM: the worker samples with transformers
+    # The pinned vLLM, in its own virtualenv, its `vllm` on the worker's PATH: it samples there.
+    assert f"engine={settings.VERI_VLLM_REQUIREMENT}\n" in script
+    assert 'export PATH="$root/engine/bin:$PATH"' in script
     # The worker's environment: the control plane's URL and the model's token, nothing else.
     env = script.split("<<'VERI_ENV'\n", 1)[1].split("VERI_ENV\n", 1)[0].splitlines()
     names = [line.partition("=")[0] for line in env]
