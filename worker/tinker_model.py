@@ -133,7 +133,8 @@ class TinkerModel:
 
     def sample(self, seq_id: int, payload: dict) -> dict:
         """`num_samples` completions of the prompt with the weights snapshotted at `seq_id`:
-        `{sequences: [{tokens, logprobs, stop_reason}]}`, logprobs as a forward pass scores them.
+        `{sequences: [{tokens, logprobs, stop_reason}]}`, logprobs as a forward pass scores them
+        (and with `prompt_logprobs` each prompt token's, the first's None).
         `stop` is token ids or strings, and the model's end-of-sequence token stops too (a base
         model's turn may end there rather than at the chat format's stop string); `[]` stops
         nothing, as in Tinker's SamplingParams."""
@@ -150,7 +151,13 @@ class TinkerModel:
                 self._one(tokens, params, stop_tokens, stop_texts, index)
                 for index in range(int(payload["num_samples"]))
             ]
-        return {"sequences": sequences}
+            if not payload.get("prompt_logprobs"):
+                return {"sequences": sequences}
+            with torch.no_grad():
+                ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+                logits = self.model(input_ids=ids[None]).logits[0]
+                scores = target_logprobs(logits[:-1], ids[1:]).tolist()
+        return {"sequences": sequences, "prompt_logprobs": [None, *scores]}
 
     def check_prompt(self, tokens: list[int]) -> None:
         if not tokens or min(tokens) < 0 or max(tokens) >= self.vocab:

@@ -102,6 +102,8 @@ def completion_request(model: str, payload: dict) -> dict:
     }
     if params.get("seed") is not None:
         body["seed"] = int(params["seed"])
+    if payload.get("prompt_logprobs"):
+        body["prompt_logprobs"] = 0  # each prompt token's own
     return body
 
 
@@ -118,6 +120,16 @@ def sequence(choice: dict) -> dict:
         raise ValueError(f"vLLM ended a sequence for {choice.get('finish_reason')!r}")
     tokens = [int(n.removeprefix(TOKEN_ID)) for n in names]
     return {"tokens": tokens, "logprobs": [float(v) for v in values], "stop_reason": reason}
+
+
+def prompt_logprobs(tokens: list[int], choice: dict) -> list[float | None]:
+    """Each prompt token's logprob from a choice's `prompt_logprobs` (per position, None or
+    `{token id: {logprob, …}}` holding the prompt's own token); the first's None."""
+    scored = choice.get("prompt_logprobs") or []
+    if len(scored) != len(tokens):
+        raise ValueError("vLLM answered no logprob for a prompt token")
+    pairs = zip(tokens[1:], scored[1:], strict=True)
+    return [None, *(float(at[str(token)]["logprob"]) for token, at in pairs)]
 
 
 class VllmSampler:
@@ -160,7 +172,10 @@ class VllmSampler:
         choices = sorted(answer.get("choices") or (), key=lambda c: c.get("index", 0))
         if len(choices) != int(payload["num_samples"]):
             raise ValueError(f"vLLM answered {len(choices)} sequences")
-        return {"sequences": [sequence(choice) for choice in choices]}
+        result = {"sequences": [sequence(choice) for choice in choices]}
+        if payload.get("prompt_logprobs"):
+            result["prompt_logprobs"] = prompt_logprobs(payload["tokens"], choices[0])
+        return result
 
     def stop(self) -> None:
         self.http.close()

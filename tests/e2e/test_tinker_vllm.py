@@ -170,6 +170,9 @@ def run(training, service, model, worker, tmp_path, tiny_model):
         stopping = types.SamplingParams(max_tokens=2, stop=stop, seed=1)
         [one] = sampler.sample(prompt, 1, stopping).result().sequences
         assert (one.tokens, one.logprobs) == expected(1, 2)[0]
+    # With the prompt's logprobs: each prompt token's, the first's None.
+    scored = sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
+    assert scored.prompt_logprobs == [None, -(1 + 17) / 8, -(2 + 9) / 8]
     save = TinkerOperation.objects.get(
         model=model, kind=OpKind.SAVE_FOR_SAMPLER, payload__name="trained"
     )
@@ -184,11 +187,12 @@ def run(training, service, model, worker, tmp_path, tiny_model):
     assert "adapter_model.safetensors" in uploaded
     assert loaded["files"] == uploaded
     asked = requests_to(tmp_path, "/v1/completions")[1:]
-    assert [a["model"] for a in asked] == [loaded["lora_name"]] * 2
-    assert [(a["stop"], a["stop_token_ids"]) for a in asked] == [
+    assert [a["model"] for a in asked] == [loaded["lora_name"]] * 3
+    assert [(a["stop"], a["stop_token_ids"]) for a in asked[:2]] == [
         (["\n\n", "END"], []),
         ([], [7, 9]),
     ]
+    assert [a.get("prompt_logprobs") for a in asked] == [None, None, 0]
 
     # Two more snapshots: the oldest adapter is unloaded (two stay loaded), its folder removed.
     for _ in range(2):

@@ -5,7 +5,8 @@ vLLM with `--api-key`, every `/v1` request must bear it (`Authorization: Bearer`
 
 As a Tinker model's sampler uses it: `/v1/completions` answers, for the served model or a loaded
 adapter, `n` choices of `max_tokens` tokens (as `token_id:N`, with `return_tokens_as_token_ids`)
-and logprobs, a function of the prompt alone (`answer` below); `/v1/load_lora_adapter` (only
+and logprobs, a function of the prompt alone (`answer` below), and its `prompt_logprobs` when
+asked; `/v1/load_lora_adapter` (only
 with VLLM_ALLOW_RUNTIME_LORA_UPDATING and `--enable-lora`, as vLLM) checks the adapter's rank
 against --max-lora-rank, and `/v1/unload_lora_adapter` forgets it. Each of those requests is
 appended to VLLM_STANDIN_REQUESTS (JSON lines), a loaded adapter with its files' SHA-256.
@@ -55,6 +56,12 @@ def answer(body: dict) -> dict:
             "text_offset": list(range(len(ids))),
         }
         choices.append({"index": i, "text": "", "logprobs": logprobs, "finish_reason": "length"})
+    if body.get("prompt_logprobs") is not None:  # the prompt token t at position p: -(p + t) / 8
+        scored = [None] + [
+            {str(t): {"logprob": -(p + t) / 8}} for p, t in enumerate(body["prompt"])
+        ][1:]
+        for choice in choices:
+            choice["prompt_logprobs"] = scored
     return {"object": "text_completion", "model": body["model"], "choices": choices}
 
 
