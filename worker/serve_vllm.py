@@ -8,7 +8,8 @@ failed with its last output lines when it exits.
 The machine's bootstrap installs vLLM (the control plane's VERI_VLLM_REQUIREMENT) in a virtualenv
 of its own and puts its `vllm` on PATH. A model vLLM cannot load is the customer's
 `model_load_error`; vLLM dying once it served is the platform's `replica_failed`. Never with
-`--trust-remote-code`: a base model's own code is not run here."""
+`--trust-remote-code`: a base model's own code is not run here. Its launcher (`Server`) and rank
+rule also start a Tinker model's sampler (worker/tinker_vllm.py)."""
 
 import ctypes
 import json

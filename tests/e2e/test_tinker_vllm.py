@@ -4,7 +4,7 @@ worker started with the command the control plane gives a GPU machine, the stand
 its PATH. vLLM listens on loopback alone behind a key of its own; a sample of an untrained model
 asks the base model; a trained snapshot's adapter (the files a save writes) is loaded once under
 its own name, old ones unloaded; the client gets vLLM's tokens and logprobs. A vLLM that fails
-to start ends the model with its last lines."""
+to start ends the model with its last lines; a machine without vLLM is a provisioning error."""
 
 import concurrent.futures
 import hashlib
@@ -42,13 +42,19 @@ def gpu_models(billed, settings, live_server, local_store_url, tiny_model):
     fill_volume(billed, "models", files)
 
 
-def start_worker(model: TinkerModel, api: str, tmp_path: Path, **env) -> subprocess.Popen:
-    """The model's worker as a GPU machine's bootstrap starts it, the stand-in `vllm` on PATH."""
+def start_worker(
+    model: TinkerModel, api: str, tmp_path: Path, *, vllm: bool = True, **env
+) -> subprocess.Popen:
+    """The model's worker as a GPU machine's bootstrap starts it, the stand-in `vllm` on PATH
+    (unless not `vllm`)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    vllm = bin_dir / "vllm"
-    vllm.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO}/tests/serving/vllm_standin.py "$@"\n')
-    vllm.chmod(0o755)
+    if vllm:
+        stand_in = bin_dir / "vllm"
+        stand_in.write_text(
+            f'#!/bin/sh\nexec {sys.executable} {REPO}/tests/serving/vllm_standin.py "$@"\n'
+        )
+        stand_in.chmod(0o755)
     command = sessions.worker_command(model=model, api=api)
     assert command[-2:] == ("--sampler", "vllm")
     return subprocess.Popen(
@@ -234,3 +240,23 @@ def test_a_vllm_that_fails_to_start_ends_the_model_with_its_last_lines(
     assert (model.status, model.error_code) == (ModelStatus.FAILED, "worker_failed")
     assert "vLLM exited with status 1 while starting" in model.error_message
     assert refusal in model.error_message  # its last lines
+
+
+def test_a_gpu_machine_without_vllm_ends_the_model_as_a_provisioning_error(
+    gpu_models,
+    live_server,
+    connect,  # noqa: F811
+    tmp_path,
+):
+    service = connect()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: service.create_lora_training_client(base_model=TINY, rank=4))
+        model = wait_for(lambda: TinkerModel.objects.first(), 60, "the model")
+        worker = start_worker(model, live_server.url, tmp_path, vllm=False)
+        try:
+            assert worker.wait(300) == 1
+        finally:
+            worker.kill()
+    model.refresh_from_db()
+    assert (model.status, model.error_code) == (ModelStatus.FAILED, "provisioning_error")
+    assert "vLLM is not installed" in model.error_message
