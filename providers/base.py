@@ -67,7 +67,7 @@ class LaunchSpec:
     # which providers' tags and labels take, and calls its model's routes by its model id).
     route_id: str = ""
     # A pip requirement the bootstrap installs in a virtualenv of its own, its executables put on
-    # the worker's PATH (a replica's vLLM); empty: none.
+    # the worker's PATH (vLLM, for a replica or a Tinker model's sampler); empty: none.
     engine_requirement: str = ""
 
     def worker_command(self) -> tuple[str, ...]:

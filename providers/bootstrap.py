@@ -1,8 +1,8 @@
 """The first-boot script of a rented machine: fetch the installer, the worker and its wheelhouse
 from this control plane, install them into a Python of the worker's version, and run one job with
-its job token, one replica of a deployment with its replica token (then also installing the
-serving engine, vLLM), or one Tinker training client's model with its model token. One template
-for every cloud provider."""
+its job token, one replica of a deployment with its replica token, or one Tinker training
+client's model with its model token (for those two on a GPU machine also installing the serving
+engine, vLLM). One template for every cloud provider."""
 
 import shlex
 

@@ -429,6 +429,7 @@ class AsampleView(TinkerView):
         prompt = serializers.DictField()
         sampling_params = SamplingParamsIn()
         prompt_logprobs = serializers.BooleanField(required=False, allow_null=True)
+        prompt_logprobs_last_n = serializers.IntegerField(required=False, allow_null=True)
         topk_prompt_logprobs = serializers.IntegerField(default=0)
         topk_sample_logprobs = serializers.IntegerField(default=0)
         prompt_alt_tokens_k = serializers.IntegerField(default=0)
@@ -446,7 +447,7 @@ class AsampleView(TinkerView):
                 field="record_stability_info",
             )
         asked = [
-            name for name in ("prompt_logprobs", "target_prompt_logprobs") if data.get(name)
+            name for name in ("target_prompt_logprobs", "prompt_logprobs_last_n") if data.get(name)
         ] + [
             name
             for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
@@ -461,6 +462,8 @@ class AsampleView(TinkerView):
             "num_samples": data["num_samples"],
             "sampling_params": params,
         }
+        if data.get("prompt_logprobs"):  # each prompt token's, the first's None
+            payload["prompt_logprobs"] = True
         save = sampling.get_sampler(workspace=self.workspace, sampler=data["sampling_session_id"])
         operation = sampling.sample(save=save, payload=payload)
         ids = [f"{operation.request_id}:{index}" for index in range(data["num_samples"])]

@@ -4,6 +4,7 @@ with. Field numbers are those of `tinker/proto/tinker_public.proto` (tinker 0.38
 here keeps the control plane free of the SDK and of protobuf. Tensors travel to and from the
 worker as JSON: `{"dtype": "float32" | "int64", "shape": [...], "data": [...]}`."""
 
+import math
 import struct
 from array import array
 
@@ -232,9 +233,16 @@ STOP_REASONS = {"stop": 0, "length": 1}
 
 
 def encode_sample_response(result: dict) -> bytes:
-    """A `SampleResponse` of `{sequences: [{tokens, logprobs, stop_reason}]}` (the SDK reads
-    sampling results as protobuf only): int32 tokens and float32 logprobs as packed bytes."""
+    """A `SampleResponse` of `{sequences: [{tokens, logprobs, stop_reason}], prompt_logprobs?}`
+    (the SDK reads sampling results as protobuf only): int32 tokens and float32 logprobs as
+    packed bytes; a prompt token without a logprob (the first) is NaN, which the SDK reads as
+    None."""
     body = b""
+    if (prompt := result.get("prompt_logprobs")) is not None:
+        if not isinstance(prompt, list):
+            raise TypeError("prompt_logprobs is a list")
+        values = [math.nan if v is None else v for v in prompt]
+        body += _length_delimited(2, array("f", values).tobytes())
     for sequence in result["sequences"]:
         tokens, logprobs = sequence["tokens"], sequence["logprobs"]
         if len(tokens) != len(logprobs):

@@ -1,8 +1,8 @@
 """`python -m worker run --job ID --api URL`, with the job token in VERI_JOB_TOKEN; `python -m
 worker serve --replica ID --api URL [--engine vllm --tensor-parallel-size N --max-loras N]`, a
 deployment's serving process, with the replica token in VERI_REPLICA_TOKEN; `python -m worker
-tinker --model ID --api URL`, a Tinker training client's model, with the model token in
-VERI_TINKER_TOKEN."""
+tinker --model ID --api URL [--sampler vllm]`, a Tinker training client's model, with the model
+token in VERI_TINKER_TOKEN."""
 
 import argparse
 import sys
@@ -32,6 +32,12 @@ def main() -> int:
     tinker_parser = commands.add_parser("tinker", help="hold one Tinker training client's model")
     tinker_parser.add_argument("--model", required=True)
     tinker_parser.add_argument("--api", required=True, help="the control plane")
+    tinker_parser.add_argument(
+        "--sampler",
+        choices=["transformers", "vllm"],
+        default="transformers",
+        help="transformers: in this process; vllm: vLLM's server beside it (a GPU machine)",
+    )
     args = parser.parse_args()
     if args.command == "serve":
         from worker.serve import serve  # torch loads only where a model is served
@@ -46,7 +52,7 @@ def main() -> int:
     if args.command == "tinker":
         from worker.tinker import serve_model
 
-        return serve_model(model_id=args.model, api_url=args.api)
+        return serve_model(model_id=args.model, api_url=args.api, sampler=args.sampler)
     return run(job_id=args.job, api_url=args.api)
 
 

@@ -8,10 +8,12 @@ failed with its last output lines when it exits.
 The machine's bootstrap installs vLLM (the control plane's VERI_VLLM_REQUIREMENT) in a virtualenv
 of its own and puts its `vllm` on PATH. A model vLLM cannot load is the customer's
 `model_load_error`; vLLM dying once it served is the platform's `replica_failed`. Never with
-`--trust-remote-code`: a base model's own code is not run here."""
+`--trust-remote-code`: a base model's own code is not run here. Its launcher (`Server`) and rank
+rule also start a Tinker model's sampler (worker/tinker_vllm.py)."""
 
 import ctypes
 import json
+import os
 import shutil
 import signal
 import socket
@@ -51,9 +53,14 @@ def max_lora_rank(adapters: dict[str, Path]) -> int:
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"adapter {name}: adapter_config.json has no LoRA rank `r`")
         biggest = max(biggest, rank)
-    fitting = [r for r in LORA_RANKS if r >= biggest]
+    return fitting_rank(biggest)
+
+
+def fitting_rank(rank: int) -> int:
+    """The smallest of vLLM's --max-lora-rank choices that holds `rank`."""
+    fitting = [r for r in LORA_RANKS if r >= rank]
     if not fitting:
-        raise ValueError(f"a LoRA rank of {biggest} is above vLLM's largest, {LORA_RANKS[-1]}")
+        raise ValueError(f"a LoRA rank of {rank} is above vLLM's largest, {LORA_RANKS[-1]}")
     return fitting[0]
 
 
@@ -141,14 +148,48 @@ def _end_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _stop(child: subprocess.Popen) -> None:
-    if child.poll() is None:
-        child.terminate()
-        try:
-            child.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+class Server:
+    """vLLM's server (`args`), a child of this process that ends with it: its output relayed
+    into the machine's log, its last TAIL_LINES kept for a failure. `key` (its --api-key) is
+    never logged; `env` is added to this process's environment for it."""
+
+    def __init__(self, args: list[str], *, key: str, env: dict[str, str] | None = None):
+        print(f"[veri] starting {' '.join(args).replace(key, '***')}", flush=True)
+        self.child = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            preexec_fn=_end_with_parent,
+            env={**os.environ, **env} if env else None,
+        )
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.reader = threading.Thread(target=self._relay, daemon=True)
+        self.reader.start()
+
+    def _relay(self) -> None:
+        for line in self.child.stdout:
+            self.tail.append(line)
+            sys.stderr.write(line)
+
+    def exited(self) -> bool:
+        return self.child.poll() is not None
+
+    def failure(self, when: str) -> str:
+        """(Once it exited) what a failure report says: its status and its last lines."""
+        self.reader.join(5)
+        head = f"vLLM exited with status {self.child.returncode} {when}. Its last lines:\n"
+        return head + "".join(self.tail)[-(MAX_MESSAGE - len(head)) :]
+
+    def stop(self) -> None:
+        if self.child.poll() is None:
+            self.child.terminate()
+            try:
+                self.child.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
 
 
 def run(
@@ -188,38 +229,17 @@ def run(
     except (OSError, ValueError) as exc:  # an adapter without a readable config
         _report(api, "/failed", {"code": "model_load_error", "message": str(exc)[:MAX_MESSAGE]})
         return 1
-    print(f"[veri] starting {' '.join(args).replace(key, '***')}", flush=True)
-    child = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        preexec_fn=_end_with_parent,
-    )
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
-
-    def relay() -> None:  # into the machine's log, and the last lines kept for a failure
-        for line in child.stdout:
-            tail.append(line)
-            sys.stderr.write(line)
-
-    reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
+    server = Server(args, key=key)
     url, ready = f"http://127.0.0.1:{port}", False
     next_ready = time.monotonic()
     heard = time.monotonic()
     next_beat = heard + heartbeat_seconds
     try:
         while True:
-            status = child.poll()
-            if status is not None:
-                reader.join(5)
-                when = "after serving" if ready else "while loading the model"
-                head = f"vLLM exited with status {status} {when}. Its last lines:\n"
-                body = "".join(tail)[-(MAX_MESSAGE - len(head)) :]
+            if server.exited():
+                message = server.failure("after serving" if ready else "while loading the model")
                 code = "replica_failed" if ready else "model_load_error"
-                _report(api, "/failed", {"code": code, "message": head + body})
+                _report(api, "/failed", {"code": code, "message": message})
                 return 1
             if not ready and time.monotonic() >= next_ready and healthy(url):
                 try:
@@ -238,4 +258,4 @@ def run(
                 next_beat = time.monotonic() + heartbeat_seconds
             time.sleep(POLL_SECONDS)
     finally:
-        _stop(child)
+        server.stop()

@@ -4,6 +4,9 @@ the presigned URLs its spec gives, builds the LoRA and its optimizer, then pulls
 operations from the control plane in the client's order, runs each and posts its result. It
 exits when the control plane says the model ended (410): the session ended or went idle.
 
+It samples with transformers, in this process, or with `--sampler vllm` (a GPU machine, whose
+bootstrap installed vLLM) through vLLM's server beside it (worker/tinker_vllm.py).
+
 A request the customer got wrong (a missing loss input, an unknown loss) fails that request
 alone; anything else is the worker's fault: it is reported and the model ends."""
 
@@ -18,6 +21,7 @@ import httpx
 from worker.client import ControlPlane, ControlPlaneError
 from worker.serve import fetch_files
 from worker.tinker_losses import LossInputError
+from worker.tinker_vllm import EngineFailed, VllmSampler
 
 POLL_WAIT_SECONDS = 10.0
 
@@ -56,7 +60,7 @@ def load_state(model, load: dict, work: Path, request_id: str) -> None:
     model.load(folder, optimizer=load["optimizer"])
 
 
-def run_operation(api: ControlPlane, model, operation: dict, work: Path) -> dict:
+def run_operation(api: ControlPlane, model, sampler, operation: dict, work: Path) -> dict:
     kind, payload = operation["kind"], operation["payload"]
     if kind == "create_model":
         if payload.get("load"):  # a model created from a saved state
@@ -82,11 +86,11 @@ def run_operation(api: ControlPlane, model, operation: dict, work: Path) -> dict
             return save(api, model, operation, work, optimizer=False)
         return {}
     if kind == "sample":  # seq_id: the save_weights_for_sampler whose weights it samples with
-        return model.sample(operation["seq_id"], payload)
+        return sampler.sample(operation["seq_id"], payload)
     raise LossInputError(f"This worker does not run {kind!r} operations.")
 
 
-def serve_model(*, model_id: str, api_url: str) -> int:
+def serve_model(*, model_id: str, api_url: str, sampler: str = "transformers") -> int:
     token = os.environ.pop("VERI_TINKER_TOKEN", None)
     if not token:
         print("VERI_TINKER_TOKEN is not set", file=sys.stderr)
@@ -101,9 +105,26 @@ def serve_model(*, model_id: str, api_url: str) -> int:
         message = f"{type(exc).__name__}: {exc}"[:10_000]
         api.call("POST", "/failed", json={"code": "model_load_error", "message": message})
         return 1
-    print(f"[veri] tinker model {model_id} loaded; waiting for operations", flush=True)
+    engine = None
+    try:
+        if sampler == "vllm":
+            engine = VllmSampler(model, rank=int(spec["lora"]["rank"]), work=work)
+        print(f"[veri] tinker model {model_id} loaded; waiting for operations", flush=True)
+        return _operations(api, model, engine, work)
+    except EngineFailed as exc:
+        api.call("POST", "/failed", json={"code": exc.code, "message": str(exc)[:10_000]})
+        return 1
+    finally:
+        if engine is not None:
+            engine.stop()
+
+
+def _operations(api: ControlPlane, model, engine: VllmSampler | None, work: Path) -> int:
+    """Run the model's operations as the control plane hands them over, until it ends."""
     after = -1  # the creation (seq 0) is the first operation
     while True:
+        if engine is not None and (message := engine.failure()):  # vLLM exited meanwhile
+            raise EngineFailed(message)
         try:
             answer = api.call("POST", "/next", json={"after": after, "wait": POLL_WAIT_SECONDS})
         except ControlPlaneError as exc:
@@ -116,9 +137,12 @@ def serve_model(*, model_id: str, api_url: str) -> int:
             continue
         started = time.monotonic()
         try:
-            body = {"ok": True, "result": run_operation(api, model, operation, work)}
+            result = run_operation(api, model, engine or model, operation, work)
+            body = {"ok": True, "result": result}
         except LossInputError as exc:
             body = {"ok": False, "error": str(exc)}
+        except EngineFailed:
+            raise
         except Exception as exc:  # noqa: BLE001 - the worker's own fault ends the model
             traceback.print_exc()
             message = f"{operation['kind']} failed: {type(exc).__name__}: {exc}"[:10_000]

@@ -4,6 +4,7 @@ AdamW optimizer, running the operations the control plane hands over one at a ti
 Gradients accumulate across `forward_backward` calls until `optim_step` applies and clears them,
 as in Tinker. Each datum runs on its own (no padding), so a loss is exactly the sum over data."""
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -132,36 +133,59 @@ class TinkerModel:
 
     def sample(self, seq_id: int, payload: dict) -> dict:
         """`num_samples` completions of the prompt with the weights snapshotted at `seq_id`:
-        `{sequences: [{tokens, logprobs, stop_reason}]}`, logprobs as a forward pass scores them.
+        `{sequences: [{tokens, logprobs, stop_reason}]}`, logprobs as a forward pass scores them
+        (and with `prompt_logprobs` each prompt token's, the first's None).
         `stop` is token ids or strings, and the model's end-of-sequence token stops too (a base
         model's turn may end there rather than at the chat format's stop string); `[]` stops
         nothing, as in Tinker's SamplingParams."""
-        from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
         tokens, params = payload["tokens"], payload["sampling_params"]
-        if not tokens or min(tokens) < 0 or max(tokens) >= self.vocab:
-            raise LossInputError(f"The prompt's tokens are 0 to {self.vocab - 1}, at least one.")
+        self.check_prompt(tokens)
         stop = params.get("stop")
         stop = [stop] if isinstance(stop, str) else stop
         stop_tokens = {t for t in stop or () if isinstance(t, int)}
         stop_texts = [t for t in stop or () if isinstance(t, str)]
         if stop != [] and self.eos is not None:
             stop_tokens |= set(self.eos) if isinstance(self.eos, list) else {self.eos}
-        current = None
-        if seq_id in self.snapshots:
-            current = {
-                n: t.detach().clone() for n, t in get_peft_model_state_dict(self.model).items()
-            }
-            set_peft_model_state_dict(self.model, self.snapshots[seq_id])
-        try:
+        with self.snapshot_weights(seq_id):
             sequences = [
                 self._one(tokens, params, stop_tokens, stop_texts, index)
                 for index in range(int(payload["num_samples"]))
             ]
+            if not payload.get("prompt_logprobs"):
+                return {"sequences": sequences}
+            with torch.no_grad():
+                ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+                logits = self.model(input_ids=ids[None]).logits[0]
+                scores = target_logprobs(logits[:-1], ids[1:]).tolist()
+        return {"sequences": sequences, "prompt_logprobs": [None, *scores]}
+
+    def check_prompt(self, tokens: list[int]) -> None:
+        if not tokens or min(tokens) < 0 or max(tokens) >= self.vocab:
+            raise LossInputError(f"The prompt's tokens are 0 to {self.vocab - 1}, at least one.")
+
+    @contextlib.contextmanager
+    def snapshot_weights(self, seq_id: int):
+        """The model holds the LoRA weights snapshotted at `seq_id` inside (its current ones
+        when there is no such snapshot), its current ones again after."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        if seq_id not in self.snapshots:
+            yield
+            return
+        current = {n: t.detach().clone() for n, t in get_peft_model_state_dict(self.model).items()}
+        set_peft_model_state_dict(self.model, self.snapshots[seq_id])
+        try:
+            yield
         finally:
-            if current is not None:
-                set_peft_model_state_dict(self.model, current)
-        return {"sequences": sequences}
+            set_peft_model_state_dict(self.model, current)
+
+    def snapshot_is_base(self, seq_id: int) -> bool:
+        """Whether the weights sampled at `seq_id` compute the base model exactly: every LoRA
+        `B` is zero, as PEFT starts it (an untrained model, a base model's sampler)."""
+        from peft import get_peft_model_state_dict
+
+        state = self.snapshots.get(seq_id) or get_peft_model_state_dict(self.model)
+        return all(not t.any() for name, t in state.items() if "lora_B" in name)
 
     def _one(self, prompt, params, stop_tokens, stop_texts, index) -> dict:
         seed = params.get("seed")

@@ -1,7 +1,7 @@
 """Named sampler weights outlive their model: sampled greedily while the training client's
 session is open, then, that session closed, by a new client's sampling client of the same path
 (a sampling-only model whose worker loads the adapter the save kept in the store): the same
-tokens and logprobs."""
+tokens and logprobs. A sample's prompt logprobs are a forward pass's."""
 
 import pytest
 from tinker import types
@@ -37,6 +37,15 @@ def test_named_sampler_weights_sample_the_same_after_their_session_closed(
     greedy = types.SamplingParams(max_tokens=6, temperature=0, seed=3, stop=[])
     sampler = service.create_sampling_client(model_path=path).result()
     [before] = sampler.sample(prompt, 1, greedy).result().sequences
+    # The prompt's logprobs, when asked, are those a forward pass of the same weights gives.
+    scored = sampler.sample(prompt, 1, greedy, include_prompt_logprobs=True).result()
+    ids = prompt.to_ints()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]}
+    )
+    forward = training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]
+    assert scored.prompt_logprobs[0] is None
+    assert scored.prompt_logprobs[1:] == pytest.approx(forward["logprobs"].tolist(), abs=1e-4)
     service.close("success").result()
 
     again = connect()

@@ -19,11 +19,12 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from providers import catalog
-from tests.conftest import fill_volume
+from tests.conftest import REPO, fill_volume
 from tests.providers.conftest import instances
 from tests.providers.test_bootstrap import boot, wheel
 from tests.providers.test_serving_bootstrap import aws_script, digitalocean_script
 from tests.tinker_api.test_api import new_model, optim, tinker_client, worker
+from tests.tinker_api.test_sampling import asample
 from tinker_api import tasks
 from tinker_api.models import ModelStatus, TinkerModel, TinkerOperation
 from tinker_api.services import sessions
@@ -77,11 +78,15 @@ def test_a_model_on_a_cloud_provider_boots_the_tinker_worker_with_its_token_alon
     assert model.external_id and model.launched_at is not None  # its uptime bills from here
     script = script_of(fake, request)
     api = settings.VERI_PUBLIC_URL
-    worker = shlex.join(["-m", "worker", "tinker", "--model", model.model_id, "--api", api])
+    worker = shlex.join(
+        ["-m", "worker", "tinker", "--model", model.model_id, "--api", api, "--sampler", "vllm"]
+    )
     assert f'"$root/venv/bin/python" {worker} ||' in script
     assert f"\njob={shlex.quote(model.model_id)}\n" in script
     assert 'routes="$api/v1/worker/tinker_models/$job"' in script
-    assert "engine=" not in script  # no vLLM: the worker samples with transformers
+    # The pinned vLLM, in its own virtualenv, its `vllm` on the worker's PATH: it samples there.
+    assert f"engine={settings.VERI_VLLM_REQUIREMENT}\n" in script
+    assert 'export PATH="$root/engine/bin:$PATH"' in script
     # The worker's environment: the control plane's URL and the model's token, nothing else.
     env = script.split("<<'VERI_ENV'\n", 1)[1].split("VERI_ENV\n", 1)[0].splitlines()
     names = [line.partition("=")[0] for line in env]
@@ -173,9 +178,10 @@ def test_the_sweeper_terminates_tinker_machines_no_live_model_owns(
 def stand_in_worker(folder) -> None:
     """A PEP 503 index holding `veri-stand-in`, whose `python -m worker tinker …` does what the
     Tinker worker does first, with the token it was given: registers, pulls the model's creation
-    and answers it, then writes down its arguments, its VERI_ environment and what it got."""
+    and answers it, then writes down its arguments, its VERI_ environment, what it got and the
+    `vllm` on its PATH."""
     main = """
-import json, os, sys, urllib.request
+import json, os, shutil, sys, urllib.request
 args = sys.argv[1:]
 model, api = args[args.index("--model") + 1], args[args.index("--api") + 1]
 token = os.environ["VERI_TINKER_TOKEN"]
@@ -190,18 +196,32 @@ operation = call("/next", {"after": -1, "wait": 0})["operation"]
 call(f"/operations/{operation['request_id']}", {"ok": True, "result": {}})
 env = {k: v for k, v in os.environ.items() if k.startswith("VERI_")}
 out = os.path.join(os.environ["VERI_WORK_DIR"], "ran.json")
-json.dump({"argv": args, "env": env, "spec": spec, "operation": operation}, open(out, "w"))
+found = {"argv": args, "env": env, "spec": spec, "operation": operation}
+json.dump(found | {"vllm": shutil.which("vllm")}, open(out, "w"))
 """
     wheel(folder, "veri-stand-in", {"worker/__init__.py": "", "worker/__main__.py": main})
 
 
+def vllm_stand_in(folder) -> None:
+    """A PEP 503 index holding `vllm-stand-in`, whose `vllm` is tests/serving/vllm_standin.py
+    (this machine plays the GPU machine)."""
+    stand_in = REPO / "tests" / "serving" / "vllm_standin.py"
+    code = (
+        f"import runpy\n\ndef main():\n    runpy.run_path({str(stand_in)!r}, run_name='__main__')\n"
+    )
+    entry = "[console_scripts]\nvllm = vllm_stand_in:main\n"
+    wheel(folder, "vllm-stand-in", {"vllm_stand_in.py": code}, entry_points=entry)
+
+
 @pytest.fixture
 def booting(ec2, billed, live_server, settings, local_store_url):
-    """A live control plane that a machine on EC2 (moto) calls back."""
+    """A live control plane that a machine on EC2 (moto) calls back; its vLLM is the stand-in
+    (an index holding it is the test's to name)."""
     settings.VERI_STORE = local_store_url
     settings.VERI_PUBLIC_URL = live_server.url
     settings.VERI_WORKER_INDEX_URL = ""
     settings.VERI_WORKER_PACKAGE = ""
+    settings.VERI_VLLM_REQUIREMENT = "vllm-stand-in==1.0"
     return live_server.url
 
 
@@ -210,10 +230,11 @@ def test_a_model_machine_runs_the_worker_from_its_user_data_which_pulls_the_crea
     request, booting, billed, ec2, settings, tmp_path
 ):
     """The rendered bootstrap run as a bare machine's first boot, installing from a mirror that
-    holds a stand-in worker: it starts with the model's token, registers and answers the model's
-    creation, so the model is ready."""
+    holds a stand-in worker and vLLM: it starts with the model's token and vLLM on its PATH,
+    registers and answers the model's creation, so the model is ready."""
     mirror = tmp_path / "mirror"
     stand_in_worker(mirror)
+    vllm_stand_in(mirror)
     settings.VERI_WORKER_INDEX_URL = f"file://{mirror}"
     settings.VERI_WORKER_PACKAGE = "veri-stand-in==1.0"
     model = cloud_model(billed, settings, "aws", "L4-24GB")
@@ -224,7 +245,16 @@ def test_a_model_machine_runs_the_worker_from_its_user_data_which_pulls_the_crea
     assert status == 0, log
     model.refresh_from_db()
     ran = json.loads((root / "work" / "ran.json").read_text())
-    assert ran["argv"] == ["tinker", "--model", model.model_id, "--api", booting]
+    assert ran["argv"] == [
+        "tinker",
+        "--model",
+        model.model_id,
+        "--api",
+        booting,
+        "--sampler",
+        "vllm",
+    ]
+    assert ran["vllm"] == str(root / "engine" / "bin" / "vllm")  # in its own virtualenv
     assert ran["spec"]["model_id"] == model.model_id
     assert (ran["operation"]["seq_id"], ran["operation"]["kind"]) == (0, "create_model")
     assert sessions.token_hash(ran["env"]["VERI_TINKER_TOKEN"]) == model.token_hash
@@ -268,11 +298,13 @@ def test_a_model_machine_runs_the_real_tinker_worker_until_its_session_ends(
     request, booting, billed, ec2, ec2_endpoint, settings, tiny_model, tmp_path
 ):
     """The whole life of a model on a rented machine, the machine played by this one (no GPU,
-    so the worker runs on the CPU): the bootstrap installs the real worker from the control
-    plane's wheelhouse, which loads the tiny model and answers its creation and an optimizer
-    step; the session ends, the worker saves the model's state, exits when told, and the
-    machine is terminated."""
+    so the worker trains on the CPU): the bootstrap installs the real worker from the control
+    plane's wheelhouse and vLLM (its stand-in) from the index, the worker loads the tiny model
+    and answers its creation, an optimizer step and a sample, which vLLM answers; the session
+    ends, the worker saves the model's state, exits when told, and the machine is terminated."""
     settings.VERI_TINKER_SESSION_TIMEOUT_SECONDS = 900  # this test sends no heartbeat
+    vllm_stand_in(tmp_path / "mirror")
+    settings.VERI_WORKER_INDEX_URL = f"file://{tmp_path / 'mirror'}"  # the wheelhouse comes first
     call_command("worker_wheelhouse", "--backend", "cpu", "--torch-index-url", "")
     files = {f"tiny/{p.name}": p.read_bytes() for p in tiny_model.iterdir()}
     model = cloud_model(billed, settings, "aws", "L4-24GB", files)
@@ -289,6 +321,23 @@ def test_a_model_machine_runs_the_real_tinker_worker_until_its_session_ends(
         step = optim(tinker_client(billed), model, 1).json()["request_id"]
         done = wait_for(lambda: TinkerOperation.objects.filter(request_id=step, status="done"), 300)
         assert done[0].result["metrics"]["grad_norm:mean"] == 0.0  # no gradients yet
+        client = tinker_client(billed)
+        body = {"model_id": model.model_id, "seq_id": 2, "sampling_session_seq_id": 0}
+        saved = client.post("/api/v1/save_weights_for_sampler", body, format="json")
+        assert saved.status_code == 200, saved.json()
+        sample = asample(client, f"{model.model_id}:sample:2").json()["request_id"]
+        done = wait_for(
+            lambda: TinkerOperation.objects.filter(request_id=sample, status="done"), 300
+        )
+        # The stand-in's answer to the prompt [5, 6] (tests/serving/vllm_standin.py, `answer`).
+        assert done[0].result["sequences"] == [
+            {
+                "tokens": [7 + i, 8 + i, 9 + i],
+                "logprobs": [-0.25 - i / 2, -0.5 - i / 2, -0.75 - i / 2],
+                "stop_reason": "length",
+            }
+            for i in range(2)
+        ]
         sessions.end_session(session=model.session, reason="The client closed its session.")
         status, log, _ = booted.result(timeout=300)
 

@@ -130,7 +130,7 @@ def test_a_named_sampler_path_and_another_workspaces_sampler(tk):  # noqa: F811
     ("change", "code"),
     [
         ({"topk_sample_logprobs": 5}, "unsupported"),
-        ({"prompt_logprobs": True}, "unsupported"),
+        ({"prompt_logprobs": True, "prompt_logprobs_last_n": 1}, "unsupported"),
         ({"record_stability_info": True}, "unsupported"),  # StableReinforce's sampling
         ({"num_samples": 0}, "invalid_request"),
         ({"prompt": {"chunks": [{"type": "image", "data": "x"}]}}, "invalid_request"),

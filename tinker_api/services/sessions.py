@@ -24,6 +24,7 @@ from billing import services as billing
 from providers import catalog
 from providers.base import CapacityError, LaunchSpec, ProviderError
 from providers.services import get_adapter
+from serving.services.replicas import CPU_ENGINE_PROVIDERS
 from tinker_api.models import (
     MODEL_LIVE,
     ModelStatus,
@@ -215,11 +216,23 @@ def create_model(
     return operation
 
 
+def samples_on_vllm(model: TinkerModel) -> bool:
+    """Whether the model's worker samples with vLLM: on a GPU machine, as a deployment's replica
+    serves (the local provider's CPU samples with transformers)."""
+    return model.provider not in CPU_ENGINE_PROVIDERS
+
+
+def worker_command(*, model: TinkerModel, api: str) -> tuple[str, ...]:
+    """The model's `python -m worker …` command."""
+    command = ("tinker", "--model", model.model_id, "--api", api)
+    return (*command, "--sampler", "vllm") if samples_on_vllm(model) else command
+
+
 def launch_model(*, model_pk: int) -> str:
     """Launch the model's worker (the task's body; a second run finds it claimed): on the local
     provider a process here, on a cloud one a machine whose bootstrap (providers/bootstrap.py)
-    installs the worker and runs `python -m worker tinker` with the model's token, tried in each
-    zone of the region in turn while the provider has no capacity."""
+    installs the worker (and vLLM, its sampler there) and runs `python -m worker tinker` with the
+    model's token, tried in each zone of the region in turn while the provider has no capacity."""
     claimed = TinkerModel.objects.filter(
         pk=model_pk, status=ModelStatus.STARTING, external_id=""
     ).update(external_id=LAUNCHING)
@@ -240,9 +253,10 @@ def launch_model(*, model_pk: int) -> str:
             gpu_count=1,
             api_url=api,
             env={"VERI_TINKER_TOKEN": token, "VERI_API_URL": api},
-            worker_args=("tinker", "--model", model.model_id, "--api", api),
+            worker_args=worker_command(model=model, api=api),
             kind="tinker_models",
             route_id=model.model_id,
+            engine_requirement=settings.VERI_VLLM_REQUIREMENT if samples_on_vllm(model) else "",
         )
         try:
             external_id = adapter.launch(spec)

@@ -139,9 +139,10 @@ install_seconds=$(since "$started")
 export VERI_BOOTSTRAP="backend=$backend source=$source fetch_seconds=$fetch_seconds python_seconds=$python_seconds install_seconds=$install_seconds"
 echo "[veri] installed: $VERI_BOOTSTRAP"
 {% if engine_requirement %}
-# The serving engine (settings.VERI_VLLM_REQUIREMENT) in a virtualenv of its own: it pins its own
-# torch, which uv takes built for the CUDA version the driver offers (--torch-backend auto). Its
-# executables (`vllm`) go on the worker's PATH.
+# The serving engine (settings.VERI_VLLM_REQUIREMENT: a replica's server, a Tinker model's
+# sampler) in a virtualenv of its own: it pins its own torch, which uv takes built for the CUDA
+# version the driver offers (--torch-backend auto). Its executables (`vllm`) go on the worker's
+# PATH.
 engine={{ engine_requirement|shell }}
 started=$(now)
 "$uv" venv --quiet --python "$python" "$root/engine" || fail "no Python $python could be found for $engine"
