@@ -22,8 +22,9 @@ from transformers import AutoTokenizer
 from tests.conftest import REPO, fill_volume, wait_for
 from tests.e2e.test_tinker import connect, supervised, tinker_key  # noqa: F401 - fixtures
 from tests.e2e.test_training import TINY
-from tinker_api.models import ModelStatus, OpKind, TinkerModel, TinkerOperation
+from tinker_api.models import ModelStatus, OpKind, TinkerCheckpoint, TinkerModel, TinkerOperation
 from tinker_api.services import checkpoints, sessions
+from volumes.stores import keys as store_keys
 from volumes.stores import store_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
@@ -98,7 +99,9 @@ def test_a_gpu_models_samples_run_on_vllm_with_the_snapshots_adapter(
     service = connect()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         creating = pool.submit(
-            lambda: service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+            lambda: service.create_lora_training_client(
+                base_model=TINY, rank=4, seed=0, train_unembed=False
+            ).result()
         )
         model = wait_for(lambda: TinkerModel.objects.first(), 60, "the model")
         worker = start_worker(model, live_server.url, tmp_path)
@@ -184,11 +187,12 @@ def run(training, service, model, worker, tmp_path, tiny_model):
     )
     [loaded] = requests_to(tmp_path, "/v1/load_lora_adapter")
     assert loaded["lora_name"] == f"sampler-{save.seq_id}"
-    store = store_for(checkpoints.sampler_prefix(save))
-    prefix = checkpoints.sampler_prefix(save)
+    saved = TinkerCheckpoint.objects.get(operation=save)
+    prefix = store_keys.workspace_prefix(saved.workspace.public_id).child(checkpoints.folder(saved))
+    store = store_for(prefix)
     uploaded = {
         f["path"]: hashlib.sha256(store.get_bytes(prefix.key(f["path"]))).hexdigest()
-        for f in save.result["files"]
+        for f in saved.files
     }
     assert "adapter_model.safetensors" in uploaded
     assert loaded["files"] == uploaded
@@ -228,7 +232,11 @@ def test_a_vllm_that_fails_to_start_ends_the_model_with_its_last_lines(
 ):
     service = connect()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(lambda: service.create_lora_training_client(base_model=TINY, rank=4))
+        pool.submit(
+            lambda: service.create_lora_training_client(
+                base_model=TINY, rank=4, train_unembed=False
+            )
+        )
         model = wait_for(lambda: TinkerModel.objects.first(), 60, "the model")
         refusal = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
         worker = start_worker(model, live_server.url, tmp_path, VLLM_STANDIN_REFUSE=refusal)
@@ -250,7 +258,11 @@ def test_a_gpu_machine_without_vllm_ends_the_model_as_a_provisioning_error(
 ):
     service = connect()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(lambda: service.create_lora_training_client(base_model=TINY, rank=4))
+        pool.submit(
+            lambda: service.create_lora_training_client(
+                base_model=TINY, rank=4, train_unembed=False
+            )
+        )
         model = wait_for(lambda: TinkerModel.objects.first(), 60, "the model")
         worker = start_worker(model, live_server.url, tmp_path, vllm=False)
         try:

@@ -34,15 +34,18 @@ pytestmark = pytest.mark.django_db
 TOKENS = ("VERI_JOB_TOKEN", "VERI_REPLICA_TOKEN", "VERI_SERVING_KEY")  # other kinds' secrets
 
 
-def cloud_model(workspace, settings, provider: str, gpu_type: str, files=None) -> TinkerModel:
+def cloud_model(
+    workspace, settings, provider: str, gpu_type: str, files=None, *, train_unembed=False
+) -> TinkerModel:
     """A model created by a Tinker client while models run on `provider`'s `gpu_type`, its base
-    model the volume folder `models/tiny` of `files` (a stand-in's by default)."""
+    model the volume folder `models/tiny` of `files` (a stand-in's by default); its LoRA leaves
+    the LM head alone unless `train_unembed` (vLLM samples it only then)."""
     settings.VERI_TINKER_PROVIDER = provider
     settings.VERI_TINKER_GPU_TYPE = gpu_type
     settings.VERI_TINKER_WAIT_SECONDS = 0
     files = files or {"tiny/config.json": b"{}", "tiny/model.bin": b"x"}
     fill_volume(workspace, "models", files)
-    return new_model(tinker_client(workspace))
+    return new_model(tinker_client(workspace), train_unembed=train_unembed)
 
 
 def vast_script(fake, request) -> str:
@@ -96,6 +99,20 @@ def test_a_model_on_a_cloud_provider_boots_the_tinker_worker_with_its_token_alon
     assert not any(name in script for name in TOKENS)
     assert 'worker_token="$VERI_TINKER_TOKEN"' in script
     assert subprocess.run(["bash", "-n"], input=script.encode()).returncode == 0
+
+
+def test_a_model_whose_lora_covers_the_lm_head_samples_with_transformers_on_its_gpu(
+    request, ec2, billed, settings
+):
+    """vLLM cannot load a LoRA of lm_head (Tinker's default `train_unembed=True`): the machine
+    gets no vLLM and its worker samples with transformers."""
+    model = cloud_model(billed, settings, "aws", "L4-24GB", train_unembed=True)
+    assert sessions.launch_model(model_pk=model.pk) == "launched"
+    script = aws_script(ec2, request)
+    api = settings.VERI_PUBLIC_URL
+    worker = shlex.join(["-m", "worker", "tinker", "--model", model.model_id, "--api", api])
+    assert f'"$root/venv/bin/python" {worker} ||' in script
+    assert "engine=" not in script  # no vLLM installed
 
 
 def test_a_zone_without_capacity_moves_the_model_to_the_next_and_none_fails_it(

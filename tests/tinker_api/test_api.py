@@ -46,13 +46,13 @@ def tk(workspace, billed) -> APIClient:
     return tinker_client(workspace)
 
 
-def new_model(tk) -> TinkerModel:
+def new_model(tk, **lora) -> TinkerModel:
     session_id = tk.post("/api/v1/create_session", {"tags": []}, format="json").json()
     body = {
         "session_id": session_id["session_id"],
         "model_seq_id": 0,
         "base_model": BASE,
-        "lora_config": {"rank": 4},
+        "lora_config": {"rank": 4, **lora},
     }
     response = tk.post("/api/v1/create_model", body, format="json")
     assert response.status_code == 200, response.json()

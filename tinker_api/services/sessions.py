@@ -218,8 +218,11 @@ def create_model(
 
 def samples_on_vllm(model: TinkerModel) -> bool:
     """Whether the model's worker samples with vLLM: on a GPU machine, as a deployment's replica
-    serves (the local provider's CPU samples with transformers)."""
-    return model.provider not in CPU_ENGINE_PROVIDERS
+    serves (the local provider's CPU samples with transformers), unless its LoRA covers the LM
+    head (`train_unembed`, Tinker's default), which vLLM cannot load ("lm_head… is unsupported
+    LoRA weight"): such a model samples with transformers on its GPU."""
+    trains_unembed = model.lora.get("train_unembed", True)
+    return model.provider not in CPU_ENGINE_PROVIDERS and not trains_unembed
 
 
 def worker_command(*, model: TinkerModel, api: str) -> tuple[str, ...]:
