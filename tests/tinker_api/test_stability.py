@@ -122,6 +122,7 @@ def test_a_claim_the_record_does_not_back_is_a_400(tk):  # noqa: F811
     prompt = types.PromptProvenanceSpan(sequence_id=sequence, offset=1, length=1)
     cases = {
         "treq_nope:0 in this session": datum("treq_nope:0"),
+        f"{request_id}:\u00b2 in this session": datum(f"{request_id}:\u00b2"),  # not a number
         f"{request_id}:7 in this session": datum(f"{request_id}:7"),  # past the sample's
         f"{elsewhere} in this session": datum(elsewhere),
         "was not recorded": datum(unrecorded),

@@ -63,7 +63,7 @@ def _sequences(*, model: TinkerModel, named: set[str]) -> dict[str, tuple[Tinker
     by_request: dict[str, list[tuple[str, int]]] = {}
     for sequence_id in named:
         request_id, _, index = sequence_id.rpartition(":")
-        if not index.isdigit() or not request_id:
+        if not (index.isascii() and index.isdigit()) or not request_id:
             raise ProvenanceError(f"No sampled sequence {sequence_id} in this session.")
         by_request.setdefault(request_id, []).append((sequence_id, int(index)))
     samples = {
