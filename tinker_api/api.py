@@ -14,7 +14,15 @@ from rest_framework.response import Response
 
 from tinker_api import selectors, wire
 from tinker_api.models import CheckpointKind, ModelStatus, OpKind, OpStatus, TinkerKey
-from tinker_api.services import base_models, checkpoints, keys, sampling, sessions, usage
+from tinker_api.services import (
+    base_models,
+    checkpoints,
+    keys,
+    sampling,
+    sessions,
+    stability,
+    usage,
+)
 from veri.api import ValidatingView
 from veri.errors import VeriError
 
@@ -242,7 +250,8 @@ class ForwardBackwardView(TinkerView):
         if not decoded["data"]:
             raise VeriError("No data.", field="data")
         kind = OpKind.FORWARD if decoded["forward_only"] else OpKind.FORWARD_BACKWARD
-        payload = {k: decoded[k] for k in ("loss_fn", "loss_fn_config", "data")}
+        data = stability.prepare(model=model, loss_fn=decoded["loss_fn"], data=decoded["data"])
+        payload = {k: decoded[k] for k in ("loss_fn", "loss_fn_config")} | {"data": data}
         operation = sessions.enqueue(
             model=model, seq_id=decoded["seq_id"], kind=kind, payload=payload
         )
@@ -438,14 +447,6 @@ class AsampleView(TinkerView):
 
     def post(self, request: Request) -> Response:
         data = self.validated(self.Input, request.data)
-        if data.get("record_stability_info"):
-            # Said now, at the first sample, not when the loss is first used: an RL loop with
-            # all-equal rewards may never train, and would run on ignoring the flag.
-            raise Unsupported(
-                "StableReinforce (record_stability_info, loss_fn='stable_reinforce') is not "
-                "supported yet; train with loss_fn 'importance_sampling' or 'ppo'.",
-                field="record_stability_info",
-            )
         asked = [
             name for name in ("target_prompt_logprobs", "prompt_logprobs_last_n") if data.get(name)
         ] + [
@@ -465,7 +466,9 @@ class AsampleView(TinkerView):
         if data.get("prompt_logprobs"):  # each prompt token's, the first's None
             payload["prompt_logprobs"] = True
         save = sampling.get_sampler(workspace=self.workspace, sampler=data["sampling_session_id"])
-        operation = sampling.sample(save=save, payload=payload)
+        operation = sampling.sample(
+            save=save, payload=payload, record=bool(data.get("record_stability_info"))
+        )
         ids = [f"{operation.request_id}:{index}" for index in range(data["num_samples"])]
         return Response(
             {

@@ -126,6 +126,9 @@ class TinkerOperation(models.Model):
     error = models.TextField(blank=True)
     error_category = models.CharField(max_length=16, blank=True)  # user | server
     tokens = models.PositiveIntegerField(default=0)  # a forward(_backward)'s input tokens
+    # A sample asked with record_stability_info: until when stable_reinforce may train on its
+    # sequences (tinker_api.services.stability).
+    recorded_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

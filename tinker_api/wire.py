@@ -106,8 +106,38 @@ def _tensor(buf: bytes) -> dict:
     return {"dtype": name, "shape": shape, "data": data}
 
 
+SPAN_KINDS = {1: "prompt", 2: "sampled"}
+MAX_SEQUENCE_ID = 200
+
+
+def _span(buf: bytes) -> dict:
+    """A ProvenanceSpan: `{kind: "prompt" | "sampled", sequence_id, offset, length}`."""
+    entries = fields(buf)
+    if len(entries) != 1 or entries[0][0] not in SPAN_KINDS or isinstance(entries[0][1], int):
+        raise WireError("A provenance span is a prompt or a sampled span.")
+    number, arm = entries[0]
+    values = dict(fields(arm))
+    try:
+        sequence_id = values.get(1, b"").decode()
+    except (AttributeError, UnicodeDecodeError) as exc:
+        raise WireError("A provenance span's sequence_id is text.") from exc
+    offset, length = values.get(2, 0), values.get(3, 0)
+    if not all(isinstance(v, int) and 0 <= v < 2**31 for v in (offset, length)):
+        raise WireError("A provenance span's offset and length are non-negative int32s.")
+    if not 0 < len(sequence_id) <= MAX_SEQUENCE_ID:
+        raise WireError("A provenance span names a sequence_id.")
+    return {
+        "kind": SPAN_KINDS[number],
+        "sequence_id": sequence_id,
+        "offset": offset,
+        "length": length,
+    }
+
+
 def _datum(buf: bytes) -> dict:
-    tokens, inputs = [], {}
+    """`{tokens, inputs}`, with the client's provenance (`Datum.with_provenance`) as
+    `model_input_spans` and `loss_fn_input_spans` when it sent some."""
+    tokens, inputs, spans = [], {}, {}
     for number, value in fields(buf):
         if number == 1:
             for kind, chunk in fields(value):
@@ -119,7 +149,10 @@ def _datum(buf: bytes) -> dict:
         elif number == 2:
             entry = dict(fields(value))
             inputs[entry.get(1, b"").decode()] = _tensor(entry.get(2, b""))
-    return {"tokens": tokens, "inputs": inputs}
+        elif number in (3, 4) and isinstance(value, bytes):
+            name = "model_input_spans" if number == 3 else "loss_fn_input_spans"
+            spans.setdefault(name, []).append(_span(value))
+    return {"tokens": tokens, "inputs": inputs, **spans}
 
 
 def prompt_tokens(prompt: dict) -> list[int]:

@@ -99,10 +99,16 @@ class TinkerModel:
                         f"data[{index}]: {what} holds a token outside this model's vocabulary "
                         f"(0 to {self.vocab - 1})."
                     )
+            recorded = datum.get("recorded")  # the control plane's, for stable_reinforce
+            if recorded is not None:
+                recorded = {
+                    name: torch.tensor(recorded[name], dtype=torch.float32, device=self.device)
+                    for name in ("logprobs", "sampled")
+                }
             with torch.set_grad_enabled(backward):
                 logits = self.model(input_ids=tokens[None]).logits[0]
                 logprobs = target_logprobs(logits, targets.long())
-                loss, out = fn(logprobs, inputs, config)
+                loss, out = fn(logprobs, inputs, config, recorded)
                 if backward:
                     loss.backward()
             total += float(loss.detach())

@@ -1,7 +1,7 @@
 """The official `tinker` SDK, unmodified, trains on Veri: its base URL pointed at a live server
 with a task cluster and the local provider, a Tinker key the API issued, the tiny model in a
 volume. A supervised loop of 20 forward_backward + optim_step steps lowers the loss; an RL loop
-(sample, reward, importance_sampling) raises the reward; what Veri does not support yet is an
+(sample, reward, importance_sampling) raises the reward; a request the model cannot run is an
 error the client raises."""
 
 import re
@@ -107,8 +107,9 @@ def test_a_supervised_loop_lowers_the_loss(
     after = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
     assert after < metrics["loss:sum"]
 
-    # What Veri does not support yet is an error the client raises, not a hang or a 500.
-    with pytest.raises(tinker.RequestFailedError, match="not supported"):
+    # A request the model cannot run (a loss without its inputs) is an error the client
+    # raises, not a hang or a 500, and the model goes on.
+    with pytest.raises(tinker.RequestFailedError, match=r"dro needs loss_fn_inputs\['logprobs'\]"):
         training.forward_backward(data, "dro").result()
     model = TinkerModel.objects.get()
     assert (model.status, model.base_model) == (ModelStatus.READY, TINY)

@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.conftest import REPO
 from tests.e2e.test_tinker import connect, stop_models, tinker_key  # noqa: F401 - fixtures
 from tests.e2e.test_training import platform  # noqa: F401 - a fixture
+from tinker_api.models import OpKind, OpStatus, TinkerOperation
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
 
@@ -239,17 +240,20 @@ def test_the_cookbook_rl_loop_samples_trains_and_saves(
         "lora_rank=8",
         "save_every=0",
     ]
-    # Its default loss, StableReinforce, Veri does not have: the first sample says so.
-    failed = run_recipe("rl_loop", env, *options, f"log_path={tmp_path / 'default'}", ok=False)
-    assert "BadRequestError" in failed.stderr and "stable_reinforce" in failed.stderr
-
+    # Its defaults: StableReinforce, sampling with record_stability_info and training data
+    # that names the sampled sequences behind its tokens.
     log = tmp_path / "rl-loop"
-    run_recipe("rl_loop", env, *options, f"log_path={log}", "loss_fn=importance_sampling")
+    run_recipe("rl_loop", env, *options, f"log_path={log}")
     first, second = jsonl(log / "metrics.jsonl")
     assert (first["step"], second["step"]) == (0, 1)
     # Questions 0 and 1 (answers 1 and 2): right and wrong samples, a training step on them.
     assert 0 < first["reward/total"] < 1, first
-    assert "grad_norm:mean" in first, first
+    assert first["grad_norm:mean"] > 0, first  # stable_reinforce gave the LoRA gradients
     [final] = jsonl(log / "checkpoints.jsonl")
     assert (final["name"], final["batch"]) == ("final", 2)
     assert final["state_path"].startswith("tinker://")
+    # It sampled with record_stability_info and trained with stable_reinforce on the records.
+    recorded = TinkerOperation.objects.filter(kind=OpKind.SAMPLE, recorded_until__isnull=False)
+    assert recorded.count() == 4  # 2 steps x 2 questions, each a request of 8 samples
+    trained = TinkerOperation.objects.filter(kind=OpKind.FORWARD_BACKWARD, status=OpStatus.DONE)
+    assert trained.filter(payload__loss_fn="stable_reinforce").exists()

@@ -131,7 +131,6 @@ def test_a_named_sampler_path_and_another_workspaces_sampler(tk):  # noqa: F811
     [
         ({"topk_sample_logprobs": 5}, "unsupported"),
         ({"prompt_logprobs": True, "prompt_logprobs_last_n": 1}, "unsupported"),
-        ({"record_stability_info": True}, "unsupported"),  # StableReinforce's sampling
         ({"num_samples": 0}, "invalid_request"),
         ({"prompt": {"chunks": [{"type": "image", "data": "x"}]}}, "invalid_request"),
         ({"sampling_params": {"max_tokens": 3, "stop": [1.5]}}, "invalid_request"),

@@ -54,6 +54,44 @@ def test_a_request_the_client_encodes_decodes_to_its_tokens_inputs_and_config():
     }
 
 
+def test_provenance_the_client_encodes_decodes_to_its_spans():
+    sequence = "treq_abc:3"
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([5, 6, 7]),
+        loss_fn_inputs={"target_tokens": [6, 7, 8]},
+    ).with_provenance(
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=sequence, length=2),
+            types.SampledProvenanceSpan(sequence_id=sequence, length=1),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id=sequence, offset=1, length=1),
+            types.SampledProvenanceSpan(sequence_id=sequence, offset=0, length=2),
+        ],
+    )
+    message = forward_backward_request_to_proto(
+        types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(
+                data=[datum], loss_fn="stable_reinforce"
+            ),
+            model_id="tses_x:train:0",
+            seq_id=1,
+        )
+    )
+    [decoded] = wire.decode_forward_backward(message.SerializeToString())["data"]
+    assert decoded["model_input_spans"] == [
+        {"kind": "prompt", "sequence_id": sequence, "offset": 0, "length": 2},
+        {"kind": "sampled", "sequence_id": sequence, "offset": 0, "length": 1},
+    ]
+    assert decoded["loss_fn_input_spans"] == [
+        {"kind": "prompt", "sequence_id": sequence, "offset": 1, "length": 1},
+        {"kind": "sampled", "sequence_id": sequence, "offset": 0, "length": 2},
+    ]
+    message.data[0].loss_fn_input_spans[0].prompt_tokens.offset = -1  # int32: what the SDK forbids
+    with pytest.raises(wire.WireError, match="non-negative"):
+        wire.decode_forward_backward(message.SerializeToString())
+
+
 def test_an_output_decodes_in_the_client_to_the_same_tensors_and_metrics():
     result = {
         "loss_fn_outputs": [

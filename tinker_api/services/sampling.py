@@ -26,7 +26,7 @@ from tinker_api.models import (
     TinkerOperation,
     TinkerSession,
 )
-from tinker_api.services import checkpoints, sessions
+from tinker_api.services import checkpoints, sessions, stability
 from tinker_api.services.checkpoints import NAME_RE
 from veri.errors import NotFound, VeriError
 from veri.models import Workspace
@@ -109,13 +109,17 @@ def resolve_path(*, workspace: Workspace, path: str) -> TinkerCheckpoint:
         raise NotFound(f"No sampler weights {path} in this workspace.") from None
 
 
-def sample(*, save: TinkerOperation, payload: dict) -> TinkerOperation:
-    """Queue a sample with the weights of `save` (on its model's worker)."""
+def sample(*, save: TinkerOperation, payload: dict, record: bool = False) -> TinkerOperation:
+    """Queue a sample with the weights of `save` (on its model's worker); `record` keeps its
+    sequences for stable_reinforce (tinker_api.services.stability)."""
     if save.status == OpStatus.FAILED:
         raise VeriError("This sampler's weights were never saved.", code="sampler_failed")
-    return sessions.enqueue(
+    operation = sessions.enqueue(
         model=save.model, seq_id=save.seq_id, kind=OpKind.SAMPLE, payload=payload
     )
+    if record:
+        stability.record(operation)
+    return operation
 
 
 def path_sampler(*, session: TinkerSession, path: str, sampling_seq_id: int) -> str:
