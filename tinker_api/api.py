@@ -13,7 +13,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tinker_api import selectors, wire
-from tinker_api.models import CheckpointKind, ModelStatus, OpKind, OpStatus, TinkerKey
+from tinker_api.models import (
+    SAMPLER_SEQ,
+    CheckpointKind,
+    ModelStatus,
+    OpKind,
+    OpStatus,
+    TinkerKey,
+)
 from tinker_api.services import (
     base_models,
     checkpoints,
@@ -580,6 +587,7 @@ class TrainingRunsView(TinkerView):
     def get(self, request: Request) -> Response:
         rows = (
             selectors.list_models(workspace=self.workspace)
+            .filter(model_seq_id__lt=SAMPLER_SEQ)  # a sampling-only model trains nothing
             .select_related("workspace")
             .prefetch_related("checkpoints__model")
         )

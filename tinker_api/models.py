@@ -55,6 +55,10 @@ class ModelStatus(models.TextChoices):
 MODEL_LIVE = (ModelStatus.STARTING, ModelStatus.READY, ModelStatus.SAVING)
 
 
+# A sampling-only model's model_seq_id: past those a client may give its training clients.
+SAMPLER_SEQ = 10_001
+
+
 class TinkerModel(models.Model):
     """A `TrainingClient`'s model: a base model with a LoRA and an AdamW optimizer, held by one
     long-lived worker process on a machine from a provider. `model_id` is the client's id,
@@ -90,6 +94,11 @@ class TinkerModel(models.Model):
 
     def __str__(self) -> str:
         return self.model_id
+
+    @property
+    def samples_only(self) -> bool:
+        """A sampling-only model (tinker_api.services.sampling): nothing trains it."""
+        return self.model_seq_id >= SAMPLER_SEQ
 
 
 class OpKind(models.TextChoices):

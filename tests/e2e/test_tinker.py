@@ -91,6 +91,11 @@ def test_a_supervised_loop_lowers_the_loss(
     assert losses[-1] < 0.7 * losses[0], losses
     after = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
     assert after < losses[-1], (after, losses)
+    # Past the client's chunk (1,024 data a request) it sends several requests and adds their
+    # losses up: 345 copies of the lines cost 345 times what they do.
+    many = training.forward(data * 345, "cross_entropy").result()
+    assert len(many.loss_fn_outputs) == 345 * len(data) > 1024
+    assert many.metrics["loss:sum"] == pytest.approx(345 * after, rel=1e-4)
 
     # A custom loss, as the client runs one (`forward`, the loss and its gradient here, a linear
     # loss's backward there): the weighted cross-entropy by hand costs what Veri's does, and the

@@ -21,7 +21,16 @@ from tests.tinker_api.test_api import (
     worker,
 )
 from tinker_api import tasks
-from tinker_api.models import ModelStatus, TinkerCheckpoint, TinkerModel, TinkerSession
+from tinker_api.models import (
+    SAMPLER_SEQ,
+    ModelStatus,
+    OpKind,
+    OpStatus,
+    TinkerCheckpoint,
+    TinkerModel,
+    TinkerOperation,
+    TinkerSession,
+)
 from tinker_api.services import sessions
 
 pytestmark = pytest.mark.django_db
@@ -200,3 +209,53 @@ def test_a_save_that_never_comes_ends_the_model_unsaved(tk, settings):
     model.refresh_from_db()
     assert (model.status, model.error_code) == (ModelStatus.ENDED, "session_ended")
     assert "Its state could not be saved as" in model.error_message
+
+
+def test_an_end_saves_only_a_state_not_saved_yet(tk):
+    """The client's own save_state after its last step is what the end keeps; a step after it
+    is saved; an untrained model and a sampling-only one have nothing to save."""
+    saved = launched(new_model(tk), timedelta(minutes=5))
+    saved.operations.update(status=OpStatus.DONE)  # its creation ran
+    done = {"model": saved, "status": OpStatus.DONE}
+    TinkerOperation.objects.create(seq_id=1, kind=OpKind.OPTIM_STEP, **done)
+    save = TinkerOperation.objects.create(
+        seq_id=2, kind=OpKind.SAVE_WEIGHTS, payload={"name": "mine"}, **done
+    )
+    TinkerCheckpoint.objects.create(
+        model=saved, workspace=saved.workspace, operation=save, name="mine", files=[]
+    )
+    sessions.save_and_end(model=saved, code="session_ended", message="Closed.")
+    saved.refresh_from_db()
+    assert (saved.status, saved.error_code) == (ModelStatus.ENDED, "session_ended")
+    assert saved.error_message == (
+        f"Closed. Its state is saved as tinker://{saved.model_id}/weights/mine."
+    )
+    assert saved.operations.count() == 3  # no save of its own
+
+    TinkerModel.objects.filter(pk=saved.pk).update(status=ModelStatus.READY, ended_at=None)
+    TinkerOperation.objects.create(seq_id=3, kind=OpKind.OPTIM_STEP, **done)
+    sessions.save_and_end(model=saved, code="session_ended", message="Closed.")
+    saved.refresh_from_db()
+    assert saved.status == ModelStatus.SAVING  # the step after the client's save is kept
+    assert saved.operations.filter(kind=OpKind.SAVE_WEIGHTS, seq_id=4).exists()
+
+    untrained = launched(new_model(tk), timedelta(minutes=1))
+    untrained.operations.update(status=OpStatus.DONE)  # created, nothing more
+    sessions.save_and_end(model=untrained, code="session_ended", message="Closed.")
+    untrained.refresh_from_db()
+    assert untrained.status == ModelStatus.ENDED
+    assert untrained.error_message == "Closed. Nothing trained it, so nothing was saved."
+
+    sampler = TinkerModel.objects.create(
+        session=saved.session,
+        workspace=saved.workspace,
+        model_id=f"{saved.session.public_id}:train:{SAMPLER_SEQ}",
+        model_seq_id=SAMPLER_SEQ,
+        base_model=BASE,
+        lora={"rank": 1},
+        status=ModelStatus.READY,
+    )
+    sessions.save_and_end(model=sampler, code="session_ended", message="Closed.")
+    sampler.refresh_from_db()
+    assert (sampler.status, sampler.error_message) == (ModelStatus.ENDED, "Closed.")
+    assert not TinkerCheckpoint.objects.filter(model=sampler).exists()

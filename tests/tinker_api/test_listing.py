@@ -18,6 +18,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from tinker_api.models import (
+    SAMPLER_SEQ,
     CheckpointKind,
     ModelStatus,
     OpKind,
@@ -216,6 +217,7 @@ def test_named_sampler_weights_are_sampler_checkpoints_listed_downloaded_and_del
     live_server, workspace, tiny_model, tmp_path
 ):
     model = new_model(new_session(workspace), str(tiny_model))
+    new_model(model.session, str(tiny_model), seq=SAMPLER_SEQ)  # sampling-only: no training run
     save_checkpoint(model, tiny_model, tmp_path / "state", name="s1")
     sampler, lora = save_checkpoint(
         model, tiny_model, tmp_path / "sampler", name="eval", kind=CheckpointKind.SAMPLER

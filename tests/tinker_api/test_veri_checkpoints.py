@@ -75,11 +75,13 @@ def test_a_tinker_save_is_no_resume_from_and_goes_with_its_save(
 ):
     adapter = checkpoints.as_veri_checkpoint(saved)
     assert checkpoints.as_veri_checkpoint(saved) == adapter  # made once
-    refused = api_client.post(
-        "/v1/training_jobs", job_body(dataset, resume_from=adapter.public_id), format="json"
-    )
-    error = assert_error(refused, 400, "invalid_checkpoint", "resume_from")
-    assert "base_model set to its tinker:// path" in error["message"]
+    # Named by its Veri id or by its tinker:// path, the answer says what to do instead.
+    for named in (adapter.public_id, checkpoints.tinker_path(saved)):
+        refused = api_client.post(
+            "/v1/training_jobs", job_body(dataset, resume_from=named), format="json"
+        )
+        error = assert_error(refused, 400, "invalid_checkpoint", "resume_from")
+        assert "base_model set to its tinker:// path" in error["message"]
 
     checkpoints.delete(saved)
     assert not Checkpoint.objects.filter(pk=adapter.pk).exists()

@@ -17,6 +17,7 @@ A sampling-only model is billed as any model of its session."""
 import re
 
 from tinker_api.models import (
+    SAMPLER_SEQ,
     CheckpointKind,
     ModelStatus,
     OpKind,
@@ -34,8 +35,6 @@ from veri.models import Workspace
 SAMPLER_RE = re.compile(r"^(?P<model>.+):sample:(?P<seq>[0-9]{1,9})$")
 MAX_SAMPLES = 64
 MAX_TOKENS = 4096
-# A sampling-only model's model_seq_id: past those a client may give its training clients.
-SAMPLER_SEQ = 10_001
 SAMPLER_KEY = "veri_sampler"  # a sampling-only model's user_metadata: "base", or the path it loaded
 BASE_LORA = {"rank": 1, "train_unembed": False, "train_mlp": False, "train_attn": True}
 

@@ -27,6 +27,7 @@ from providers.services import get_adapter
 from serving.services.replicas import CPU_ENGINE_PROVIDERS
 from tinker_api.models import (
     MODEL_LIVE,
+    CheckpointKind,
     ModelStatus,
     OpKind,
     OpStatus,
@@ -116,14 +117,18 @@ def end_session(*, session: TinkerSession, reason: str) -> None:
 def save_and_end(*, model: TinkerModel, code: str, message: str) -> None:
     """End a model the client did not stop, its state saved first: a save operation after the
     client's last one (the worker runs them in order), then `finish_saving` ends it with `code`.
-    A model not ready yet has no state of its own and ends at once."""
+    A model with no state to save ends at once: one not ready yet, a sampling-only one, one
+    whose state is saved as it is (nothing waits, nothing changed it since its last save)."""
     with transaction.atomic():
         model = TinkerModel.objects.select_for_update().get(pk=model.pk)
-        if model.status == ModelStatus.STARTING:
+        if model.status == ModelStatus.STARTING or model.samples_only:
             end_model(model=model, status=ModelStatus.ENDED, code=code, message=message)
             return
         if model.status != ModelStatus.READY:
             return  # saving already, or over
+        if (saved := _saved_as_it_is(model)) is not None:
+            end_model(model=model, status=ModelStatus.ENDED, code=code, message=message + saved)
+            return
         operation = _save_after_the_clients(model, code)
         name = operation.payload["name"]
         TinkerCheckpoint.objects.create(
@@ -135,6 +140,41 @@ def save_and_end(*, model: TinkerModel, code: str, message: str) -> None:
             error_message=f"{message} Its state is being saved as "
             f"tinker://{model.model_id}/weights/{name}.",
         )
+
+
+# What changes a model's state (its LoRA weights, its optimizer's).
+CHANGES_STATE = (OpKind.CREATE, OpKind.OPTIM_STEP, OpKind.LOAD_WEIGHTS)
+
+
+def _saved_as_it_is(model: TinkerModel) -> str | None:
+    """When nothing waits and nothing changed its state since it was last saved or loaded (or
+    ever), what the end's message says of it (" Its state is saved as …"); else None: save it."""
+    operations = model.operations.exclude(kind=OpKind.SAMPLE)
+    if operations.filter(status__in=(OpStatus.QUEUED, OpStatus.RUNNING)).exists():
+        return None
+    changed = (
+        operations.filter(kind__in=CHANGES_STATE, status=OpStatus.DONE).order_by("-seq_id").first()
+    )
+    if changed is None:
+        return None
+    if changed.kind == OpKind.CREATE and not changed.payload.get("load"):
+        return " Nothing trained it, so nothing was saved."
+    loaded = (changed.payload.get("load") or changed.payload).get("path")
+    if changed.kind != OpKind.OPTIM_STEP and loaded:
+        return f" Its state is still the one it loaded, {loaded}."
+    saved = (
+        TinkerCheckpoint.objects.filter(
+            model=model,
+            kind=CheckpointKind.STATE,
+            files__isnull=False,
+            operation__seq_id__gt=changed.seq_id,
+        )
+        .order_by("-operation__seq_id")
+        .first()
+    )
+    if saved is None:
+        return None
+    return f" Its state is saved as tinker://{model.model_id}/weights/{saved.name}."
 
 
 def _save_after_the_clients(model: TinkerModel, code: str) -> TinkerOperation:

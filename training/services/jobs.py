@@ -416,6 +416,11 @@ def _resolve_checkpoint(workspace: Workspace, checkpoint_id: str | None, method:
         .filter(workspace=workspace, public_id=checkpoint_id)
         .first()
     )
+    # A face's name for a fine-tuned model (`tinker://…`, `ft:…`) names its checkpoint too.
+    if checkpoint is None and (
+        found := hooks.fine_tuned_model(workspace=workspace, name=checkpoint_id)
+    ):
+        checkpoint = found[1]
     if checkpoint is None:
         raise VeriError(
             f"No checkpoint {checkpoint_id!r} in this workspace.",
