@@ -224,13 +224,8 @@ def _read(path: Path) -> str | None:
     return path.read_text() if path.exists() and path.stat().st_size else None
 
 
-def test_a_vllm_that_fails_to_start_ends_the_model_with_its_last_lines(
-    gpu_models,
-    live_server,
-    connect,  # noqa: F811
-    tmp_path,
-):
-    service = connect()
+def worker_fails(service, api: str, tmp_path: Path, **worker_kwargs) -> TinkerModel:
+    """A new model whose worker (started with `worker_kwargs`) exits 1 before it is ready."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pool.submit(
             lambda: service.create_lora_training_client(
@@ -238,13 +233,23 @@ def test_a_vllm_that_fails_to_start_ends_the_model_with_its_last_lines(
             )
         )
         model = wait_for(lambda: TinkerModel.objects.first(), 60, "the model")
-        refusal = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-        worker = start_worker(model, live_server.url, tmp_path, VLLM_STANDIN_REFUSE=refusal)
+        worker = start_worker(model, api, tmp_path, **worker_kwargs)
         try:
             assert worker.wait(300) == 1
         finally:
             worker.kill()
     model.refresh_from_db()
+    return model
+
+
+def test_a_vllm_that_fails_to_start_ends_the_model_with_its_last_lines(
+    gpu_models,
+    live_server,
+    connect,  # noqa: F811
+    tmp_path,
+):
+    refusal = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    model = worker_fails(connect(), live_server.url, tmp_path, VLLM_STANDIN_REFUSE=refusal)
     assert (model.status, model.error_code) == (ModelStatus.FAILED, "worker_failed")
     assert "vLLM exited with status 1 while starting" in model.error_message
     assert refusal in model.error_message  # its last lines
@@ -256,19 +261,6 @@ def test_a_gpu_machine_without_vllm_ends_the_model_as_a_provisioning_error(
     connect,  # noqa: F811
     tmp_path,
 ):
-    service = connect()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(
-            lambda: service.create_lora_training_client(
-                base_model=TINY, rank=4, train_unembed=False
-            )
-        )
-        model = wait_for(lambda: TinkerModel.objects.first(), 60, "the model")
-        worker = start_worker(model, live_server.url, tmp_path, vllm=False)
-        try:
-            assert worker.wait(300) == 1
-        finally:
-            worker.kill()
-    model.refresh_from_db()
+    model = worker_fails(connect(), live_server.url, tmp_path, vllm=False)
     assert (model.status, model.error_code) == (ModelStatus.FAILED, "provisioning_error")
     assert "vLLM is not installed" in model.error_message
