@@ -366,6 +366,10 @@ VERI_PROVISIONING_TIMEOUT_SECONDS = env.int("VERI_PROVISIONING_TIMEOUT_SECONDS",
 VERI_LOCAL_REGISTER_TIMEOUT_SECONDS = env.int("VERI_LOCAL_REGISTER_TIMEOUT_SECONDS", default=150)
 VERI_CONFIGURING_TIMEOUT_SECONDS = env.int("VERI_CONFIGURING_TIMEOUT_SECONDS", default=1800)
 VERI_WORKER_SILENT_SECONDS = env.int("VERI_WORKER_SILENT_SECONDS", default=900)
+# The most a training worker waits between heartbeats (a tenth of its job's heartbeat timeout,
+# 5 to 30 s): a pause or budget stop reaches it with the next one. Tests shorten it, so a job
+# waiting for its stop does not train on for half a minute.
+VERI_WORKER_HEARTBEAT_MAX_SECONDS = env.int("VERI_WORKER_HEARTBEAT_MAX_SECONDS", default=30)
 # A multi-GPU job making no step for the longer of this and three times its median step time,
 # its worker still answering, is training_stalled.
 VERI_STALL_SECONDS = env.int("VERI_STALL_SECONDS", default=600)

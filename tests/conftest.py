@@ -209,6 +209,14 @@ def public_url(request, settings) -> str:
     return settings.VERI_PUBLIC_URL
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    """Passwords hashed with MD5 in this process: Django's PBKDF2 (a million rounds) takes 0.2 s
+    of CPU for each user made and each sign-in, and the tests are about who gets in, not about
+    the hash's cost."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """The S3 server: `make test` starts one (VERI_TEST_S3_URL); a bare `pytest` starts its own."""

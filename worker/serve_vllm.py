@@ -40,8 +40,8 @@ MAX_MESSAGE = 10_000  # the control plane's limit on a failure's message
 # plane, and the control plane accepts a ready report only on one of them.
 PORTS = range(8000, 8010)
 # A refused ready report (the provider reports no address for the machine yet) is sent again
-# this long after, until the control plane's start timeout ends the replica.
-READY_RETRY_SECONDS = 15
+# this long after, until the control plane's start timeout ends the replica (tests shorten it).
+READY_RETRY_SECONDS = float(os.environ.get("VERI_REPLICA_READY_RETRY_SECONDS") or 15)
 
 
 def max_lora_rank(adapters: dict[str, Path]) -> int:

@@ -25,7 +25,10 @@ def qcluster(transactional_db, settings):
     """A real django-q2 cluster in a subprocess, on the test database and the test's store. Its
     watchdog ticks every second (a test may say otherwise): a queued job waits for a tick to be
     launched, and stopping the cluster waits for the tick in progress, so the default 5 s would
-    add seconds to every job and every teardown."""
+    add seconds to every job and every teardown. Training workers heartbeat every 2 s: a pause or
+    a budget stop reaches a job with its next heartbeat, and the default 30 s is that much more
+    training to wait through."""
+    settings.VERI_WORKER_HEARTBEAT_MAX_SECONDS = 2  # the API server (live_server) hands it out
     processes, folders = [], set()
 
     def start(**extra_env) -> subprocess.Popen:

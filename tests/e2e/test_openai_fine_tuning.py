@@ -300,7 +300,7 @@ def test_pause_resume_and_cancel(
             "type": "supervised",
             "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 1}},
         },
-        # Far longer than the 30 s a pause takes to reach the worker (its next heartbeat).
+        # Far longer than a pause takes to reach the worker (its next heartbeat).
         extra_body={"veri": FAST | {"hyperparameters": LONG, "checkpoint_every": 500}},
     )
     first_run = job.model_extra["veri_job_id"]

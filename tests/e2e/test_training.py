@@ -276,6 +276,9 @@ def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
             "max_seq_length": 64,
         },
     )
+    # The API's shortest deadline is 30 s; the watchdog reads the job's own at each tick, so 15 s
+    # here is the same rule with half the wait.
+    TrainingJob.objects.filter(public_id=job_id).update(heartbeat_timeout_seconds=15)
     # Let it pass step 10, then kill the worker (the instance itself stays up, like an OOM kill).
     deadline = time.monotonic() + 180
     while (TrainingJob.objects.get(public_id=job_id).last_step or 0) < 12:
@@ -291,7 +294,7 @@ def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
     killed_at = time.monotonic()
     job = wait_settled(job_id, timeout=120)
     assert (job.status, job.error_code) == ("failed", "heartbeat_timeout"), job.error_message
-    assert time.monotonic() - killed_at < 30 + 20  # the deadline, plus the watchdog's period
+    assert time.monotonic() - killed_at < 15 + 20  # the deadline, plus the watchdog's period
     instance.refresh_from_db()
     assert instance.terminated_at is not None
     checkpoints = api_client.get(f"/v1/training_jobs/{job_id}/checkpoints").json()["data"]
@@ -299,6 +302,7 @@ def test_checkpoints_keep_two_and_a_killed_job_resumes_at_its_step(
     newest = max(c["step"] for c in checkpoints)
     assert newest >= 10
 
+    TrainingJob.objects.filter(public_id=job_id).update(heartbeat_timeout_seconds=30)  # as asked
     resumed = api_client.post(f"/v1/training_jobs/{job_id}/resume", {}, format="json").json()
     TrainingJob.objects.filter(public_id=resumed["id"]).update(
         hyperparameters={**job.hyperparameters, "max_steps": newest + 3}

@@ -211,7 +211,7 @@ def test_a_ready_report_refused_while_the_provider_names_no_address_is_sent_agai
     machine = replica.external_id.partition("/")[2]
     ec2.states[machine] = "stopping"  # EC2 reports it gone: no address to route to
     asked = len(ec2.calls("DescribeInstances"))
-    worker = serve(replica, live_server.url, tmp_path)
+    worker = serve(replica, live_server.url, tmp_path, VERI_REPLICA_READY_RETRY_SECONDS="1")
     try:
         wait_for(lambda: len(ec2.calls("DescribeInstances")) > asked, 120, "a ready report")
         replica.refresh_from_db()

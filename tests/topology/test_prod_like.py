@@ -10,6 +10,8 @@ import time
 import httpx
 import psycopg
 import pytest
+from django.utils import timezone
+from django_q.models import Schedule
 
 from billing.models import LedgerEntry
 from billing.services import balance_micros
@@ -48,6 +50,19 @@ def stub_job(veri, workspace, tmp_path) -> dict:
     fill_volume(workspace, "models", {"tiny/config.json": b"{}"})
     dataset = veri.datasets.upload(write_rows(tmp_path, SFT_ROWS))
     return {"base_model": "volume://models/tiny", "dataset_id": dataset.id, "method": "sft_text"}
+
+
+def restart_cluster(topology) -> None:
+    """Start a cluster in place of a killed one. Killed mid-tick, it lost the watchdog's tick
+    chain, which the every-minute watch schedule starts again once no tick ran for 30 s: each
+    scheduler pass of the new cluster (as it starts, then every 30 s) finds that minute over,
+    instead of waiting up to a minute more."""
+    watch = Schedule.objects.filter(func="training.tasks.watch_jobs")
+    watch.update(next_run=timezone.now())
+    before = watch.values_list("task", flat=True).get()
+    topology.start_cluster()
+    wait_for(lambda: watch.exclude(task=before).exists(), 60, "the cluster's first pass")
+    watch.update(next_run=timezone.now())
 
 
 def charges(job_id: str) -> list[LedgerEntry]:
@@ -122,7 +137,7 @@ def test_a_task_worker_killed_while_launching_gets_the_job_launched_once(
         "the launch to reserve its machine",
     )
     topology.stop_cluster(topology.clusters[0], kill=True)
-    topology.start_cluster()
+    restart_cluster(topology)
 
     done = settled(job.id)
     assert done.status == "completed", done.error_message
@@ -166,7 +181,7 @@ def test_a_task_worker_killed_while_settling_charges_once(prod_like, customer, w
         topology.stop_cluster(topology.clusters[0], kill=True)
         blocker.rollback()
     assert TrainingJob.objects.get(public_id=job.id).billing.billing_deducted_at is None
-    topology.start_cluster()
+    restart_cluster(topology)
 
     done = settled(job.id, timeout=150)
     assert done.status == "completed"

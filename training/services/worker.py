@@ -476,6 +476,13 @@ def checkpoint_spec(checkpoint: Checkpoint, store, ttl: int) -> dict:
     }
 
 
+def heartbeat_interval(job: TrainingJob) -> int:
+    """Seconds between the worker's heartbeats: a tenth of the job's heartbeat timeout, 5 to 30 s,
+    and no more than `VERI_WORKER_HEARTBEAT_MAX_SECONDS`."""
+    tenth = max(5, min(30, job.heartbeat_timeout_seconds // 10))
+    return max(1, min(tenth, settings.VERI_WORKER_HEARTBEAT_MAX_SECONDS))
+
+
 def build_spec(*, job: TrainingJob) -> dict:
     """Everything the worker needs to run the job."""
     store, ttl = store_for(job.workspace_prefix), settings.VERI_PRESIGN_TTL_SECONDS
@@ -496,7 +503,7 @@ def build_spec(*, job: TrainingJob) -> dict:
         "volumes": [{"id": v["id"], "name": v["name"]} for v in job.volumes],
         "checkpoint_every": job.checkpoint_every,
         "checkpoint_keep": job.checkpoint_keep,
-        "heartbeat_interval_seconds": max(5, min(30, job.heartbeat_timeout_seconds // 10)),
+        "heartbeat_interval_seconds": heartbeat_interval(job),
         "samples_every": job.samples_every,
         "resume_from": resume and checkpoint_spec(resume, store, ttl),
         "adapter_from": adapter and checkpoint_spec(adapter, store, ttl),
