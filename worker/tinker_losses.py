@@ -98,9 +98,12 @@ def importance_sampling(logprobs, inputs, config, recorded) -> tuple[torch.Tenso
     return -(ratio * advantages).sum(), {"logprobs": logprobs}
 
 
+def _clip(ratio, clip: dict[str, float]) -> torch.Tensor:
+    return torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
+
+
 def _clipped_objective(ratio, advantages, clip: dict[str, float]) -> torch.Tensor:
-    clipped = torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"])
-    return torch.min(ratio * advantages, clipped * advantages)
+    return torch.min(ratio * advantages, _clip(ratio, clip) * advantages)
 
 
 def ppo(logprobs, inputs, config, recorded) -> tuple[torch.Tensor, dict]:
@@ -114,7 +117,7 @@ def cispo(logprobs, inputs, config, recorded) -> tuple[torch.Tensor, dict]:
     clip = _config(config, "cispo", CLIP)
     sampled, advantages = _sampled(logprobs, inputs, "cispo")
     ratio = torch.exp(logprobs - sampled)
-    weight = torch.clamp(ratio, clip["clip_low_threshold"], clip["clip_high_threshold"]).detach()
+    weight = _clip(ratio, clip).detach()
     return -(weight * logprobs * advantages).sum(), {"logprobs": logprobs}
 
 

@@ -34,6 +34,15 @@ def to_wire(tensor: torch.Tensor) -> dict:
     return {"dtype": dtype, "shape": list(tensor.shape), "data": tensor.reshape(-1).tolist()}
 
 
+def stops(params: dict) -> tuple[list[int], list[str], bool]:
+    """Tinker's `stop` (SamplingParams): its token ids, its strings (a string alone is one),
+    and whether the model's end-of-sequence token stops too: `[]` stops nothing, not even that."""
+    stop = params.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop
+    ids = [s for s in stop or () if isinstance(s, int)]
+    return ids, [s for s in stop or () if isinstance(s, str)], stop != []
+
+
 class TinkerModel:
     def __init__(self, base_path: Path, lora: dict):
         from peft import LoraConfig, get_peft_model
@@ -146,11 +155,9 @@ class TinkerModel:
         nothing, as in Tinker's SamplingParams."""
         tokens, params = payload["tokens"], payload["sampling_params"]
         self.check_prompt(tokens)
-        stop = params.get("stop")
-        stop = [stop] if isinstance(stop, str) else stop
-        stop_tokens = {t for t in stop or () if isinstance(t, int)}
-        stop_texts = [t for t in stop or () if isinstance(t, str)]
-        if stop != [] and self.eos is not None:
+        stop_ids, stop_texts, eos_stops = stops(params)
+        stop_tokens = set(stop_ids)
+        if eos_stops and self.eos is not None:
             stop_tokens |= set(self.eos) if isinstance(self.eos, list) else {self.eos}
         with self.snapshot_weights(seq_id):
             sequences = [

@@ -21,6 +21,7 @@ import httpx
 
 from worker import serve_vllm
 from worker.tinker_losses import LossInputError
+from worker.tinker_model import stops
 
 BASE_NAME = "base"  # what vLLM serves the base model as; adapters are `sampler-<seq_id>`
 # vLLM's share of the GPU (weights, activations and KV cache). The training model holds the base
@@ -82,8 +83,7 @@ def completion_request(model: str, payload: dict) -> dict:
     or token ids, `[]` stops nothing (not even end-of-sequence), and the sequence keeps the stop
     text it ended with, as the transformers sampler's does."""
     params = payload["sampling_params"]
-    stop = params.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop
+    stop_ids, stop_texts, eos_stops = stops(params)
     top_k = int(params.get("top_k", -1))
     body = {
         "model": model,
@@ -93,9 +93,9 @@ def completion_request(model: str, payload: dict) -> dict:
         "temperature": float(params.get("temperature", 1.0)),
         "top_p": float(params.get("top_p", 1.0)),
         "top_k": top_k if top_k > 0 else -1,
-        "stop": [s for s in stop or () if isinstance(s, str)],
-        "stop_token_ids": [s for s in stop or () if isinstance(s, int)],
-        "ignore_eos": stop == [],
+        "stop": stop_texts,
+        "stop_token_ids": stop_ids,
+        "ignore_eos": not eos_stops,
         "include_stop_str_in_output": True,
         "logprobs": 0,  # the sampled token's alone
         "return_tokens_as_token_ids": True,
