@@ -90,7 +90,8 @@ def test_real_jobs_uploads_and_cancels_run_through_the_topology_and_logs_survive
         "lora": FAST_LORA,
     }
     job = veri.training_jobs.create(**spec, hyperparameters={"max_steps": 40})
-    doomed = veri.training_jobs.create(**spec, hyperparameters={"max_steps": 400})
+    # Long enough to be still training when it is cancelled, however slow the other job is.
+    doomed = veri.training_jobs.create(**spec, hyperparameters={"max_steps": 20_000})
 
     # The web server goes down for a few seconds while the worker is shipping step lines.
     wait_for(
