@@ -439,6 +439,9 @@ VERI_WEBHOOKS_ALLOW_PRIVATE = env.bool(
 )
 # Seconds one delivery attempt may take to connect, send, and read the answer's first bytes.
 VERI_WEBHOOKS_TIMEOUT_SECONDS = env.float("VERI_WEBHOOKS_TIMEOUT_SECONDS", default=10.0)
+# Wall-clock seconds a grader may take to score one sample on the control plane (`graders/run`,
+# evaluations); past it the sample scores 0 with the grader's timeout error.
+VERI_GRADER_TIMEOUT_SECONDS = env.float("VERI_GRADER_TIMEOUT_SECONDS", default=10.0)
 # The Tinker face (tinker_api): where a training client's worker runs; how long a session may go
 # without the client's heartbeat (it sends one every 10 s) before it ends with its models; how
 # long a future's retrieve or a worker's poll waits for an answer, and how often it looks.

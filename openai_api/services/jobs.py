@@ -433,7 +433,12 @@ def run_grader(*, grader: dict, model_sample: str, item: dict) -> dict:
     """Score one sample as training would (`worker.graders.score`), in a sandboxed child
     process with a time and memory limit: customer code never runs in the API process, and a
     costly metric or template cannot hold it."""
-    return graders.run_response(grader, graders.sample_for(model_sample), item)
+    return graders.run_response(
+        grader,
+        graders.sample_for(model_sample),
+        item,
+        timeout=settings.VERI_GRADER_TIMEOUT_SECONDS,
+    )
 
 
 def job_model_name(job: TrainingJob) -> str | None:

@@ -27,6 +27,7 @@ import math
 import time
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -45,7 +46,6 @@ S = EvaluationStatus
 MAX_ROWS = 1000
 MAX_FILE_BYTES = 20 * 1024**2
 Z_95 = 1.959963984540054  # the standard normal's 97.5th percentile
-GRADER_TIMEOUT_SECONDS = 10.0
 # A task works this long, then queues its continuation, well within the cluster's task timeout
 # (and what was answered stays answered when a task is cut short anyway).
 TASK_BUDGET_SECONDS = 240.0
@@ -322,7 +322,10 @@ def score(grader: dict, *, output: str, item: dict) -> tuple[float, str]:
     """The grader's reward for `output` on `item`, scored in the sandboxed child; and its
     message when it could not score (the reward is then 0)."""
     result = graders.run_isolated(
-        grader, sample=graders.sample_for(output), item=item, timeout=GRADER_TIMEOUT_SECONDS
+        grader,
+        sample=graders.sample_for(output),
+        item=item,
+        timeout=settings.VERI_GRADER_TIMEOUT_SECONDS,
     )
     return result["reward"], result["error"] or ""
 
