@@ -71,7 +71,9 @@ def pytest_configure_node(node):
 def pytest_collection_modifyitems(config, items):
     """Longest first: the heavy tests, then the light ones, each lane's modules by their measured
     seconds (a module's tests stay together, for fixtures a module shares), and in the heavy lane
-    a module's tests too. A test not measured yet counts as its lane's mean."""
+    a module's tests too; then the heavy lane's last modules, its tail, which the light worker
+    takes once its lane is done (`pytest_xdist_make_scheduler`). A test not measured yet counts
+    as its lane's mean."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     heavy = {item.nodeid for item in items if is_heavy(item)}
     mean = {
@@ -91,42 +93,62 @@ def pytest_collection_modifyitems(config, items):
         modules[key] = modules.get(key, 0.0) + seconds(item)
     order = {item.nodeid: position for position, item in enumerate(items)}
 
+    # The tail: the heavy lane's shortest modules, as long as half what it has over the light
+    # lane, so that both workers end together.
+    lane_seconds = {lane: sum(v for (h, _), v in modules.items() if h == lane) for lane in (1, 0)}
+    spare, tail = (lane_seconds[1] - lane_seconds[0]) / 2, set()
+    for (lane, module), total in sorted(modules.items(), key=lambda kv: kv[1]):
+        if lane and total <= spare:
+            spare -= total
+            tail.add(module)
+
     def rank(item):
         lane = item.nodeid in heavy
-        module = modules[(lane, item.nodeid.split("::")[0])]
+        module = item.nodeid.split("::")[0]
+        group = (2 if module in tail else 0) if lane else 1
         within = -seconds(item) if lane else order[item.nodeid]
-        return (not lane, -module, item.nodeid.split("::")[0], within)
+        return (group, -modules[(lane, module)], module, within)
 
     items.sort(key=rank)
     config.veri_heavy = heavy
+    config.veri_tail = {i.nodeid for i in items if i.nodeid in heavy and rank(i)[0] == 2}
     if lanes := getattr(config, "workerinput", {}).get("veri_lanes"):
-        Path(lanes, f"{config.workerinput['workerid']}.json").write_text(json.dumps(sorted(heavy)))
+        said = {"heavy": sorted(heavy), "tail": sorted(config.veri_tail)}
+        Path(lanes, f"{config.workerinput['workerid']}.json").write_text(json.dumps(said))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two xdist workers: the heavy tests all go to one of them, one at a time,
-    and the light ones to the other beside them (and to the first once it is done). Two real
-    trainings at once on 2 cores would stretch the time limits those tests assert. (xdist's own
-    loadgroup cannot do this under pytest 9, whose node ids it no longer rewrites.)"""
+    """`make test` runs two xdist workers: the heavy tests go to one of them, one at a time, and
+    the light ones to the other beside them; the heavy lane's tail waits at the end of the queue
+    for whichever worker is free first. Two real trainings at once on 2 cores would stretch the
+    time limits those tests assert; at the end, its tail's short ones beside the lane's last one
+    cost less than a worker left idle. (xdist's own loadgroup cannot do this under pytest 9,
+    whose node ids it no longer rewrites.)"""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the queue in the collection's order, tail last
+
     class HeavyTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid in heavy_tests(config, "tail"):
+                return "heavy tail"
             return "heavy" if nodeid in heavy_tests(config) else nodeid
 
     return HeavyTogether(config, log)
 
 
-def heavy_tests(config) -> set[str]:
-    """The heavy tests' ids: as this process collected them, or under xdist as the workers did
-    (each the same tests, xdist checks, before the scheduler first asks)."""
+def heavy_tests(config, part: str = "heavy") -> set[str]:
+    """The heavy tests' ids (or its tail's): as this process collected them, or under xdist as
+    the workers did (each the same tests, xdist checks, before the scheduler first asks)."""
     if not hasattr(config, "veri_heavy"):
         lanes = getattr(config, "veri_lanes", None)
         said = next(lanes.glob("*.json"), None) if lanes else None
-        config.veri_heavy = set(json.loads(said.read_text())) if said else set()
-    return config.veri_heavy
+        lists = json.loads(said.read_text()) if said else {}
+        config.veri_heavy = set(lists.get("heavy", ()))
+        config.veri_tail = set(lists.get("tail", ()))
+    return config.veri_heavy if part == "heavy" else config.veri_tail
 
 
 class LaneSeconds:
