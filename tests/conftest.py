@@ -71,9 +71,9 @@ def pytest_configure_node(node):
 def pytest_collection_modifyitems(config, items):
     """Longest first: the heavy tests, then the light ones, each lane's modules by their measured
     seconds (a module's tests stay together, for fixtures a module shares), and in the heavy lane
-    a module's tests too; then the heavy lane's last modules, its tail, which the light worker
-    takes once its lane is done (`pytest_xdist_make_scheduler`). A test not measured yet counts
-    as its lane's mean."""
+    a module's tests too; then the heavy lane's shortest modules, its tail, for whichever worker
+    is free first (`pytest_xdist_make_scheduler`). A test not measured yet counts as its lane's
+    mean."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     heavy = {item.nodeid for item in items if is_heavy(item)}
     mean = {
@@ -95,8 +95,8 @@ def pytest_collection_modifyitems(config, items):
 
     # The tail: the heavy lane's shortest modules, as long as half what it has over the light
     # lane, so that both workers end together.
-    lane_seconds = {lane: sum(v for (h, _), v in modules.items() if h == lane) for lane in (1, 0)}
-    spare, tail = (lane_seconds[1] - lane_seconds[0]) / 2, set()
+    over = sum(v if lane else -v for (lane, _), v in modules.items())
+    spare, tail = over / 2, set()
     for (lane, module), total in sorted(modules.items(), key=lambda kv: kv[1]):
         if lane and total <= spare:
             spare -= total
@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
 
     items.sort(key=rank)
     config.veri_heavy = heavy
-    config.veri_tail = {i.nodeid for i in items if i.nodeid in heavy and rank(i)[0] == 2}
+    config.veri_tail = {i for i in heavy if i.split("::")[0] in tail}
     if lanes := getattr(config, "workerinput", {}).get("veri_lanes"):
         said = {"heavy": sorted(heavy), "tail": sorted(config.veri_tail)}
         Path(lanes, f"{config.workerinput['workerid']}.json").write_text(json.dumps(said))
