@@ -19,6 +19,7 @@ from tests.dashboard.conftest import member_of, signed_in
 from tests.e2e.test_serving import (  # noqa: F401 - fixtures
     TOKENS,
     deployed_fine_tune,
+    idle_past_its_timeout,
     platform,
     wait_deployment,
 )
@@ -174,7 +175,7 @@ def test_every_score_is_the_graders_own_and_the_summary_follows(
     # Scaled to zero meanwhile: the next evaluation wakes the deployment, as a request does.
     path = f"/v1/deployments/{deployed_fine_tune.deployment['id']}"
     api_client.patch(path, {"idle_timeout_seconds": 10}, format="json")
-    time.sleep(11)
+    idle_past_its_timeout(deployed_fine_tune.deployment["id"])
     async_task("serving.tasks.watch_deployments")
     wait_deployment(api_client, deployed_fine_tune.deployment["id"], "stopped", timeout=60)
 

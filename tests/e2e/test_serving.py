@@ -11,17 +11,20 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from django.utils import timezone
 from django_q.tasks import async_task
 
 from billing.models import LedgerEntry
 from providers.local import LocalProvider
-from serving.models import Replica
-from tests.conftest import assert_error, run_python
+from serving.models import Deployment, Replica
+from tests import model_python
+from tests.conftest import assert_error
 from tests.e2e.test_openai_fine_tuning import FAST, SUPERVISED, wait_for_status
 from tests.e2e.test_training import TINY, download_final, platform  # noqa: F401 - a fixture
 from tests.openai_api.conftest import jsonl, openai_client
@@ -58,17 +61,19 @@ print(json.dumps(answers))
 def peft_greedy(base, *adapters) -> tuple[str, ...]:
     """(base, base + each adapter…) greedy answers to QUESTION, by transformers + PEFT
     themselves."""
-    result = run_python(
-        "-c",
-        GREEDY,
-        str(base),
-        json.dumps([str(a) for a in adapters]),
-        json.dumps(QUESTION),
-        str(TOKENS),
-        env={"HF_HUB_OFFLINE": "1"},
+    result = model_python.run(
+        GREEDY, str(base), json.dumps([str(a) for a in adapters]), json.dumps(QUESTION), str(TOKENS)
     )
     assert result.returncode == 0, result.stderr
     return tuple(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def idle_past_its_timeout(deployment_id: str) -> None:
+    """As if its last request were 11 s ago, past the shortest idle timeout (10 s) its test has
+    just set, instead of waiting that out."""
+    Deployment.objects.filter(public_id=deployment_id).update(
+        last_active_at=timezone.now() - timedelta(seconds=11)
+    )
 
 
 def wait_deployment(api_client, deployment_id: str, status: str, timeout: float = 240) -> dict:
@@ -192,7 +197,7 @@ def test_a_deployed_fine_tune_answers_the_openai_client_scales_to_zero_and_wakes
     short = api_client.patch(path, {"idle_timeout_seconds": 10}, format="json").json()
     assert short["idle_timeout_seconds"] == 10 and short["status"] == "ready"
     [replica] = Replica.objects.filter(deployment__public_id=deployment["id"])
-    time.sleep(11)
+    idle_past_its_timeout(deployment["id"])
     async_task("serving.tasks.watch_deployments")
     wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
     assert not LocalProvider().states([replica.external_id])[replica.external_id].alive
@@ -307,7 +312,7 @@ def test_load_adds_a_replica_requests_spread_and_idle_takes_both_away(
 
     # Idle past its timeout, both replicas go (min_replicas 0), their machines terminated.
     api_client.patch(path, {"idle_timeout_seconds": 10}, format="json")
-    time.sleep(11)
+    idle_past_its_timeout(deployment["id"])
     async_task("serving.tasks.watch_deployments")
     wait_deployment(api_client, deployment["id"], "stopped", timeout=60)
     both = Replica.objects.filter(deployment__public_id=deployment["id"])

@@ -8,7 +8,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from billing.models import LedgerEntry
 from billing.services import open_billing_account
 from providers.models import Instance
+from tests import model_python
 from tests.conftest import REPO, fill_volume, get_url
 from tests.training.conftest import upload_dataset
 from training.models import TrainingJob
@@ -128,9 +128,10 @@ def download_final(api_client, job_id: str, into: Path) -> Path:
 
 
 def assert_loads_and_generates(folder: Path, base: Path | None = None) -> None:
-    """transformers + peft load the downloaded checkpoint and generate with it (in a subprocess,
-    so the test process does not import torch). With `base`, as the README says to load an
-    adapter whose base model came from a volume: the base from a local copy, then the adapter."""
+    """transformers + peft load the downloaded checkpoint and generate with it (in the model
+    checks' process, so the test process does not import torch). With `base`, as the README says
+    to load an adapter whose base model came from a volume: the base from a local copy, then the
+    adapter."""
     load = (
         "from peft import PeftModel\n"
         "from transformers import AutoModelForCausalLM\n"
@@ -149,12 +150,7 @@ def assert_loads_and_generates(folder: Path, base: Path | None = None) -> None:
         "out = m.generate(ids, max_new_tokens=4, do_sample=False)\n"
         "print('generated', out.shape[1] > ids.shape[1])\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(folder), *([str(base)] if base else [])],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    result = model_python.run(script, str(folder), *([str(base)] if base else []))
     assert "generated True" in result.stdout, result.stderr[-2000:]
 
 
