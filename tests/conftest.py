@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 
 
-# The suite's two lanes (CONTRIBUTING.md, "Two lanes"): a test that trains the tiny model with the
+# The suite's two lanes (CONTRIBUTING.md, "Test"): a test that trains the tiny model with the
 # real worker under a running task cluster (it asks, directly or through another fixture, for
 # `tiny_model` and for `qcluster` or `prod_like`) is heavy; every other test is light.
 TRAINS_ON = {"qcluster", "prod_like"}
