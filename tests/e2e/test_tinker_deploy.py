@@ -40,7 +40,7 @@ def train_and_save(training, datum: types.Datum, steps: int) -> str:
     losses = []
     for _ in range(steps):
         backward = training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
         losses.append(backward.result().metrics["loss:sum"])
     assert losses[-1] < 0.5 * losses[0], losses  # it learnt the answer
     return training.save_state("plum").result().path
