@@ -36,7 +36,7 @@ demo: install
 
 # Two lanes (CONTRIBUTING.md, "Test"): the real trainings one at a time on one of the TEST_WORKERS
 # xdist workers, the rest on the others; the 15 slowest tests, each lane's seconds and the total.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: test-install
 	VENV=$(VENV) scripts/with-services.sh $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 

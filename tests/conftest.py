@@ -97,10 +97,12 @@ def pytest_collection_modifyitems(config, items):
         modules[key] = modules.get(key, 0.0) + seconds(item)
     order = {item.nodeid: position for position, item in enumerate(items)}
 
-    # The tail: the heavy lane's shortest modules, as long as half what it has over the light
-    # lane, so that both workers end together.
-    over = sum(v if lane else -v for (lane, _), v in modules.items())
-    spare, tail = over / 2, set()
+    # The tail: the heavy lane's shortest modules, so that its worker ends with the light lane's
+    # (the others): with n workers, H - t = (L + t) / (n - 1).
+    workers = max(2, getattr(config, "workerinput", {}).get("workercount", 2))
+    heavy_seconds = sum(v for (lane, _), v in modules.items() if lane)
+    light_seconds = sum(v for (lane, _), v in modules.items() if not lane)
+    spare, tail = (heavy_seconds * (workers - 1) - light_seconds) / workers, set()
     for (lane, module), total in sorted(modules.items(), key=lambda kv: kv[1]):
         if lane and total <= spare:
             spare -= total
