@@ -396,15 +396,15 @@ def test_disk_check_and_a_refusing_store(api_client, platform, tiny_model, works
 def test_max_cost_stops_a_real_job_after_a_checkpoint_and_charges_the_cap(
     api_client, platform, settings
 ):
-    # Two cents a second: the cap is reached half a minute after launch, well into training.
-    settings.VERI_LOCAL_PRICE_PER_HOUR = "72"
-    platform(VERI_LOCAL_PRICE_PER_HOUR="72")
+    # Four cents a second: the cap is reached 15 s after launch, well into training.
+    settings.VERI_LOCAL_PRICE_PER_HOUR = "144"
+    platform(VERI_LOCAL_PRICE_PER_HOUR="144")
     job_id = submit(
         api_client,
         SFT_ROWS * 4,
         base_model=TINY,
         method="sft_text",
-        checkpoint_every=50,
+        checkpoint_every=10,
         heartbeat_timeout_seconds=30,
         max_cost_usd="0.60",
         hyperparameters={
