@@ -97,8 +97,9 @@ def pytest_collection_modifyitems(config, items):
         modules[key] = modules.get(key, 0.0) + seconds(item)
     order = {item.nodeid: position for position, item in enumerate(items)}
 
-    # The tail: the heavy lane's shortest modules, so that its worker ends with the light lane's
-    # (the others): with n workers, H - t = (L + t) / (n - 1).
+    # The tail: the heavy lane's shortest modules, each taken by whichever worker is free once the
+    # light tests are handed out, so that the heavy worker ends with the others: with n workers,
+    # H - t = (L + t) / (n - 1).
     workers = max(2, getattr(config, "workerinput", {}).get("workercount", 2))
     heavy_seconds = sum(v for (lane, _), v in modules.items() if lane)
     light_seconds = sum(v for (lane, _), v in modules.items() if not lane)
@@ -124,12 +125,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two xdist workers: the heavy tests go to one of them, one at a time, and
-    the light ones to the other beside them; the heavy lane's tail waits at the end of the queue
-    for whichever worker is free first. Two real trainings at once on 2 cores would stretch the
-    time limits those tests assert; at the end, its tail's short ones beside the lane's last one
-    cost less than a worker left idle. (xdist's own loadgroup cannot do this under pytest 9,
-    whose node ids it no longer rewrites.)"""
+    """`make test` runs three xdist workers: the heavy tests go to one of them, one at a time, and
+    the light ones to the others beside them; the heavy lane's tail waits at the end of the queue,
+    each of its modules for whichever worker is free first. Two real trainings at once all along
+    would stretch the time limits those tests assert; at the end, a few of the tail's short ones
+    beside the lane's last ones cost less than workers left idle. (xdist's own loadgroup cannot
+    do this under pytest 9, whose node ids it no longer rewrites.)"""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -139,7 +140,7 @@ def pytest_xdist_make_scheduler(config, log):
     class HeavyTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid in heavy_tests(config, "tail"):
-                return "heavy tail"
+                return f"heavy tail {nodeid.split('::')[0]}"  # a module to a worker
             return "heavy" if nodeid in heavy_tests(config) else nodeid
 
     return HeavyTogether(config, log)
