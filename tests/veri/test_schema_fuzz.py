@@ -2,13 +2,14 @@
 the API serves: with real ids (so requests get past 404), with generated ones, and with bodies
 that break the schema. No answer may be a 5xx, and every answer must match the schema."""
 
+import contextlib
 import json
 
 import pytest
 import schemathesis
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import Unsatisfiable
@@ -17,13 +18,13 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from serving.models import Deployment, Evaluation
+from serving.models import Evaluation
 from serving.services import replicas as serving_replicas
 from serving.services.deployments import Shape, create_deployment
 from serving.services.evaluations import create_evaluation
 from tests.conftest import fill_volume
 from tests.training.conftest import GRPO_ROWS, REWARD, drive
-from tinker_api.models import TinkerKey, TinkerOperation
+from tinker_api.models import TinkerOperation
 from tinker_api.services import keys as tinker_keys
 from tinker_api.services import sessions as tinker_sessions
 from training.api import EXAMPLE_DATASET_ID
@@ -32,9 +33,8 @@ from training.services import jobs
 from training.services.worker import mint_job_token
 from veri import services as veri_services
 from volumes import services as volume_services
-from volumes.models import Upload, Volume
+from volumes.models import Upload
 from webhooks import services as webhook_services
-from webhooks.models import WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 EXAMPLES = 20  # per operation and mode: ~2,000 requests in all, in-process
@@ -70,9 +70,8 @@ def wsgi_app(served_schema):
 class World:
     """Real objects for the fuzzer's requests: a volume with a file and a pending upload, a
     dataset, a job with a checkpoint, and for worker calls a fresh live job each time (a
-    `complete` ends a job and its token)."""
-
-    changed = True  # since ensure() last ran
+    `complete` ends a job and its token). Made once: what each request changes is rolled back
+    after it (`rolled_back`)."""
 
     def __init__(self, settings, tmp_path):
         settings.VERI_STORE = f"file://{tmp_path / 'store'}"
@@ -88,55 +87,34 @@ class World:
         from billing.services import open_billing_account
 
         open_billing_account(workspace=self.workspace, credit_micros=100_000_000)
-        self.ensure()
-
-    def ensure(self) -> None:
-        """Make what the last request may have used up again: only a request that is not a read
-        changes anything (a dozen queries each time would be most of the module's time)."""
-        if not self.changed:
-            return
-        self.changed = False
-        self.volume = Volume.objects.select_related("workspace").filter(
-            workspace=self.workspace, name="corpus"
-        ).first() or fill_volume(
+        self.volume = fill_volume(
             self.workspace, "corpus", {"train.jsonl": _jsonl(), "models/m/config.json": b"{}"}
         )
-        upload = Upload.objects.filter(volume=self.volume, status=Upload.Status.PENDING).first()
-        if upload is None:
-            volume_services.start_uploads(
-                volume=self.volume, files=[volume_services.FileToUpload(path="new.txt", size=3)]
-            )
-            upload = Upload.objects.filter(volume=self.volume, status="pending").first()
-        self.upload_id = upload.public_id
-        self.dataset = Dataset.objects.filter(workspace=self.workspace).first() or (
-            _dataset(self.workspace)
+        volume_services.start_uploads(
+            volume=self.volume, files=[volume_services.FileToUpload(path="new.txt", size=3)]
         )
-        self.job = (
-            TrainingJob.objects.filter(workspace=self.workspace, checkpoints__isnull=False).first()
-            or self._job_with_checkpoint()
-        )
-        self.deployment = Deployment.objects.filter(
-            workspace=self.workspace
-        ).first() or create_deployment(
+        self.upload_id = Upload.objects.get(volume=self.volume, status="pending").public_id
+        self.dataset = _dataset(self.workspace)
+        self.job = self._job_with_checkpoint()
+        self.deployment = create_deployment(
             workspace=self.workspace,
             base_model="volume://corpus/models/m",
             adapters=[],
             shape=Shape(),
         )
-        self.evaluation = Evaluation.objects.filter(
-            workspace=self.workspace
-        ).first() or _evaluation(self.workspace, self.deployment.base_model)
-        self.endpoint = (
-            WebhookEndpoint.objects.filter(workspace=self.workspace).first()
-            or webhook_services.create_endpoint(
-                workspace=self.workspace, url="https://example.com/hook"
-            )[0]
-        )
+        self.evaluation = _evaluation(self.workspace, self.deployment.base_model)
+        self.endpoint = webhook_services.create_endpoint(
+            workspace=self.workspace, url="https://example.com/hook"
+        )[0]
+        self.tinker_key = tinker_keys.create_key(workspace=self.workspace)[0]
 
-        self.tinker_key = (
-            TinkerKey.objects.filter(workspace=self.workspace).first()
-            or tinker_keys.create_key(workspace=self.workspace)[0]
-        )
+    @contextlib.contextmanager
+    def rolled_back(self):
+        """A request's changes (and the credentials made for it), undone after it: the next
+        request finds the world as it was made, its volume, upload and job still there."""
+        with transaction.atomic():
+            yield
+            transaction.set_rollback(True)
 
     def new_tinker_model(self):
         """A live Tinker model (a `failed` report ends it) with its creation running."""
@@ -194,13 +172,8 @@ class World:
             case.body = dict(case.body, dataset_id=self.dataset.public_id)
         case.headers = dict(case.headers or {})
         if case.path.startswith("/v1/worker/replicas/"):
-            # A live replica each time, of a deployment not failed (a `failed` report ends both).
-            deployment = Deployment.objects.filter(workspace=self.workspace).exclude(
-                status="failed"
-            ).first() or create_deployment(
-                workspace=self.workspace, base_model="fuzz/base", adapters=[], shape=Shape()
-            )
-            replica = serving_replicas.start_replica(deployment=deployment)
+            # A live replica each time (a `failed` report ends it and its deployment).
+            replica = serving_replicas.start_replica(deployment=self.deployment)
             case.path_parameters = dict(case.path_parameters or {}, replica_id=replica.public_id)
             token = serving_replicas.mint_token(replica=replica)
             case.headers["Authorization"] = f"Bearer {token}"
@@ -271,13 +244,12 @@ def test_no_operation_answers_5xx_or_off_schema(
         )
         @given(case=strategy)
         def check(case):
-            world.ensure()
             if real_ids:
                 known = world.path_parameters()
                 case.path_parameters = {k: known[k] for k in path_names}
-            world.authorize(case)
-            response = case.call(app=wsgi_app)
-            world.changed |= case.method.upper() not in {"GET", "HEAD"}
+            with world.rolled_back():
+                world.authorize(case)
+                response = case.call(app=wsgi_app)
             case.validate_response(
                 response, checks=[not_a_server_error, response_schema_conformance]
             )
