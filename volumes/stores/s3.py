@@ -4,10 +4,12 @@ import base64
 import hashlib
 import hmac
 import json
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import cache, cached_property
 from urllib.parse import quote, urlsplit
 
 import boto3
@@ -30,6 +32,22 @@ from volumes.stores.keys import check_key
 STREAM_PART_BYTES = 5 * 1024 * 1024
 
 
+_SESSION_LOCK = threading.Lock()
+
+
+@cache
+def _session(region: str) -> boto3.session.Session:
+    return boto3.session.Session(region_name=region)
+
+
+def _client(service: str, **options):
+    """A client on this process's one boto3 session: a session of its own would read and parse
+    botocore's service model and endpoint rules again, ~50 ms of CPU a client. A session is not
+    thread-safe (the clients it makes are), hence the lock."""
+    with _SESSION_LOCK:
+        return _session(settings.AWS_REGION).client(service, **options)
+
+
 class S3Store(ObjectStore):
     def __init__(self, bucket: str, root: str = "", *, endpoint_url: str | None = None):
         self.bucket, self.root = bucket, root.strip("/") + "/" if root.strip("/") else ""
@@ -40,11 +58,14 @@ class S3Store(ObjectStore):
             # A store that does not answer at all fails a request in seconds (503), not minutes.
             connect_timeout=5,
         )
-        session = boto3.session.Session(region_name=settings.AWS_REGION)
         self.endpoint_url = endpoint_url
-        self.client = session.client("s3", endpoint_url=endpoint_url, config=config)
-        self.sts = session.client("sts", endpoint_url=endpoint_url)
-        self.presigner = Presigner(self.client, session, bucket)
+        self.client = _client("s3", endpoint_url=endpoint_url, config=config)
+        self.presigner = Presigner(self.client, _session(settings.AWS_REGION), bucket)
+
+    @cached_property
+    def sts(self):
+        """Made when scoped credentials are first asked for (most processes never do)."""
+        return _client("sts", endpoint_url=self.endpoint_url)
 
     def full_key(self, key: str, *, folder: bool = False) -> str:
         """The object's key in the bucket (store keys are relative to the root prefix)."""
