@@ -16,6 +16,7 @@ from tenacity import (
 )
 
 from providers.base import ProviderError, ProviderUnavailable
+from veri.tls import tls_context
 
 RETRIED_STATUSES = {429, 500, 502, 503, 504}
 
@@ -57,7 +58,13 @@ class RestClient:
         def send() -> httpx.Response | dict:
             try:
                 response = httpx.request(
-                    method, url, json=json, params=params, headers=headers, timeout=self.timeout
+                    method,
+                    url,
+                    json=json,
+                    params=params,
+                    headers=headers,
+                    timeout=self.timeout,
+                    verify=tls_context(),
                 )
             except httpx.TransportError:
                 if adopt is not None and (found := adopt()) is not None:

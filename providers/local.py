@@ -19,6 +19,7 @@ from providers.base import ControlPlaneUnreachable, InstanceState, LaunchSpec, P
 from providers.catalog import local_provider
 from providers.models import Instance
 from veri.services import deployment_id
+from veri.tls import tls_context
 from worker import sandbox
 
 HOST_SCRIPT = Path(__file__).resolve().with_name("local_host.py")
@@ -75,7 +76,7 @@ def _check_control_plane(api_url: str) -> None:
         "(for both the server and the qcluster)."
     )
     try:
-        answer = httpx.get(f"{api_url.rstrip('/')}/healthz", timeout=5)
+        answer = httpx.get(f"{api_url.rstrip('/')}/healthz", timeout=5, verify=tls_context())
         body = answer.json()
     except httpx.HTTPError as exc:
         raise ControlPlaneUnreachable(hint.format(problem=f"did not answer ({exc})")) from exc

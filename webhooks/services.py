@@ -17,6 +17,7 @@ from django.utils import timezone
 from veri.errors import VeriError
 from veri.models import Workspace, make_public_id
 from veri.queue import enqueue_on_commit
+from veri.tls import tls_context
 from webhooks import signing
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
@@ -270,7 +271,9 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str, str]:
     timeout = settings.VERI_WEBHOOKS_TIMEOUT_SECONDS
     try:
         with (
-            httpx.Client(timeout=timeout, trust_env=False) as client,
+            httpx.Client(
+                timeout=timeout, trust_env=False, verify=tls_context(trust_env=False)
+            ) as client,
             client.stream(
                 "POST",
                 pinned.geturl(),

@@ -19,6 +19,7 @@ from serving.models import Deployment, DeploymentStatus, InflightRequest
 from serving.services import replicas, scaling, states
 from veri.errors import NotFound, ServiceUnavailable, VeriError
 from veri.models import Workspace
+from veri.tls import tls_context
 
 POLL_SECONDS = 0.25
 CUT_OFF = {
@@ -97,7 +98,8 @@ def forward(*, held: InflightRequest, path: str, body: bytes) -> HttpResponse:
     retry."""
     replica = held.replica
     client = httpx.Client(
-        timeout=httpx.Timeout(settings.VERI_SERVING_READ_TIMEOUT_SECONDS, connect=5)
+        timeout=httpx.Timeout(settings.VERI_SERVING_READ_TIMEOUT_SECONDS, connect=5),
+        verify=tls_context(),
     )
     request = client.build_request(
         "POST",
