@@ -73,11 +73,10 @@ def pytest_configure_node(node):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Longest first: the heavy tests, then the light ones, each lane's modules by their measured
-    seconds (a module's tests stay together, for fixtures a module shares), and in the heavy lane
-    a module's tests too; then the heavy lane's shortest modules, its tail, for whichever worker
-    is free first (`pytest_xdist_make_scheduler`). A test not measured yet counts as its lane's
-    mean."""
+    """Longest first: the heavy tests, then the heavy lane's shortest modules (its tail, for a
+    second worker: `pytest_xdist_make_scheduler`), then the light ones; each lane's modules by
+    their measured seconds (a module's tests stay together, for fixtures a module shares), and in
+    the heavy lane a module's tests too. A test not measured yet counts as its lane's mean."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     heavy = {item.nodeid for item in items if is_heavy(item)}
     mean = {
@@ -97,9 +96,9 @@ def pytest_collection_modifyitems(config, items):
         modules[key] = modules.get(key, 0.0) + seconds(item)
     order = {item.nodeid: position for position, item in enumerate(items)}
 
-    # The tail: the heavy lane's shortest modules, each taken by whichever worker is free once the
-    # light tests are handed out, so that the heavy worker ends with the others: with n workers,
-    # H - t = (L + t) / (n - 1).
+    # The tail: the heavy lane's shortest modules, run from the start on a second worker (so never
+    # more than two trainings at once), as long as makes every worker end together: with n
+    # workers, the light tests filling the others, H - t = (L + t) / (n - 1).
     workers = max(2, getattr(config, "workerinput", {}).get("workercount", 2))
     heavy_seconds = sum(v for (lane, _), v in modules.items() if lane)
     light_seconds = sum(v for (lane, _), v in modules.items() if not lane)
@@ -112,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
     def rank(item):
         lane = item.nodeid in heavy
         module = item.nodeid.split("::")[0]
-        group = (2 if module in tail else 0) if lane else 1
+        group = (1 if module in tail else 0) if lane else 2
         within = -seconds(item) if lane else order[item.nodeid]
         return (group, -modules[(lane, module)], module, within)
 
@@ -125,22 +124,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs three xdist workers: the heavy tests go to one of them, one at a time, and
-    the light ones to the others beside them; the heavy lane's tail waits at the end of the queue,
-    each of its modules for whichever worker is free first. Two real trainings at once all along
-    would stretch the time limits those tests assert; at the end, a few of the tail's short ones
-    beside the lane's last ones cost less than workers left idle. (xdist's own loadgroup cannot
-    do this under pytest 9, whose node ids it no longer rewrites.)"""
+    """`make test` runs three xdist workers: the heavy tests go to one of them, one at a time, the
+    heavy lane's tail to a second one (then light tests), and the light ones to whichever is free.
+    More than two real trainings at once would stretch the time limits those tests assert (three
+    at once, the tail's modules spread at the end of a run, slowed every lane); two, with one
+    torch thread each, leave the light tests a share of the two cores. (xdist's own loadgroup
+    cannot do this under pytest 9, whose node ids it no longer rewrites.)"""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False  # the queue in the collection's order, tail last
+    config.option.loadscopereorder = False  # the queue in the collection's order
 
     class HeavyTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid in heavy_tests(config, "tail"):
-                return f"heavy tail {nodeid.split('::')[0]}"  # a module to a worker
+                return "heavy tail"
             return "heavy" if nodeid in heavy_tests(config) else nodeid
 
     return HeavyTogether(config, log)
