@@ -32,7 +32,7 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One torch thread for each training, Tinker and serving process the tests start: the tiny model
-# gains nothing from a second one, and on `make test`'s two cores (two lanes, each busy) a second
+# gains nothing from a second one, and on `make test`'s two cores (every worker busy) a second
 # thread spinning for its share of the other core cost a training process a quarter of its CPU.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
