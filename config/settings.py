@@ -219,12 +219,13 @@ SPECTACULAR_SETTINGS = {
 # The task broker: the database by default, Redis when VERI_REDIS_URL is set (production: several
 # qcluster processes share its queue). Work the broker loses is re-queued from the database.
 VERI_REDIS_URL = env.str("VERI_REDIS_URL", default=None)
+VERI_Q_TIMEOUT_SECONDS = env.int("VERI_Q_TIMEOUT_SECONDS", default=600)
 Q_CLUSTER = {
     "name": "veri",
     **({"redis": VERI_REDIS_URL} if VERI_REDIS_URL else {"orm": "default"}),
     "workers": env.int("VERI_Q_WORKERS", default=3),  # one is taken by the watchdog loop
-    "timeout": 600,
-    "retry": 720,  # must exceed timeout, or a long task is handed out twice
+    "timeout": VERI_Q_TIMEOUT_SECONDS,
+    "retry": VERI_Q_TIMEOUT_SECONDS + 120,  # past the timeout, or a long task is handed out twice
     "max_attempts": 3,
     "catch_up": False,
     "poll": 0.5,

@@ -1,14 +1,20 @@
-"""`manage.py qcluster`: django-q2's, except that its guard process (the Sentinel) ignores SIGTERM
-and hands out the due schedules as soon as the cluster is up.
+"""`manage.py qcluster`: django-q2's, except that a SIGTERM stops the cluster only through its
+main process, and its guard process (the Sentinel) hands out the due schedules as soon as the
+cluster is up.
 
 A SIGTERM sent to the cluster's whole process group (a shell's `kill %1`, `kill -- -PGID`, a
-process manager signalling every process) killed the Sentinel while it waited on the cluster's
-stop event; the main process, stopping the cluster on the same signal, then waited on that event
-forever (django-q2 1.11: a multiprocessing Condition's notify waits for its dead sleeper). Now the
-main process alone acts on SIGTERM and the Sentinel stops the cluster as on a SIGTERM to the main
-process only. The pusher, monitor and task workers keep SIGTERM's default (the Sentinel stops a
-timed-out worker with it); under a group SIGTERM a task cut short is handed out again by the
-broker, and a lost watchdog link is restarted by the minute schedule.
+process manager signalling every process) killed each process where it stood. The Sentinel died
+waiting on the cluster's stop event, and the main process, stopping the cluster on the same
+signal, then waited on that event forever (django-q2 1.11: a multiprocessing Condition's notify
+waits for its dead sleeper). A task worker or the monitor died inside its queue's read lock, and
+when the Sentinel replaced it before the main process's stop reached it, the new one waited on
+that lock forever and the Sentinel on the new one. So the Sentinel and every process it starts
+shrug SIGTERM off: the main process alone acts on it, and the Sentinel stops the others as on a
+SIGTERM to the main process only (each task worker ends its task, then takes its poison pill),
+as Ctrl-C already did (django-q2 has them all ignore SIGINT). A task worker whose task is stuck
+past its timeout (in C code, out of reach of django-q2's alarm), which django-q2 ends with
+SIGTERM, is killed. The shrug is a handler, not SIG_IGN: a program that a task starts gets
+SIGTERM's default back when it is executed.
 
 django-q2 first runs its scheduler 30 s into the guard loop, so after every start the watchdog
 (which the minute schedule starts) was away for half a minute: a machine lost meanwhile was
@@ -27,9 +33,13 @@ from django_q.models import Schedule
 from django_q.scheduler import scheduler
 
 
+def _shrug_off(signum, frame) -> None:
+    """SIGTERM's handler in the Sentinel and the processes it forks (see above)."""
+
+
 class Sentinel(cluster.Sentinel):
     def start(self) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _shrug_off)  # forked children inherit it
         super().start()
 
     def guard(self) -> None:
@@ -37,13 +47,11 @@ class Sentinel(cluster.Sentinel):
             scheduler(broker=self.broker)
         super().guard()
 
-    def spawn_process(self, target, *args):
-        # A child keeps SIGTERM's default: it is forked with the handlers in force at the fork.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        try:
-            return super().spawn_process(target, *args)
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def reincarnate(self, process) -> None:
+        timed_out = process in self.pool and process.timer.value == 0
+        super().reincarnate(process)  # replaces it, and sends the SIGTERM it shrugs off
+        if timed_out:
+            process.kill()
 
 
 log = logging.getLogger(__name__)
