@@ -46,6 +46,10 @@ TRAINS_ON = {"qcluster", "prod_like"}
 # Each test's measured seconds (setup, call and teardown), to run the longest first;
 # `make test PYTEST_ARGS=--record-durations` writes it again.
 DURATIONS = REPO / "tests" / "durations.json"
+# Modules whose tests share something machine-wide, so they run on one worker one after another:
+# the vLLM launcher's serve on the machine's fixed ports (worker.serve_vllm.PORTS), which two
+# launchers started at once on different workers could both pick.
+ONE_WORKER_MODULES = {"tests/serving/test_vllm_launcher.py"}
 FLUSHED = pytest.StashKey[bool]()  # the last test of this process emptied the database
 
 
@@ -140,7 +144,10 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid in heavy_tests(config, "tail"):
                 return "heavy tail"
-            return "heavy" if nodeid in heavy_tests(config) else nodeid
+            if nodeid in heavy_tests(config):
+                return "heavy"
+            module = nodeid.split("::")[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
 
     return HeavyTogether(config, log)
 
