@@ -69,9 +69,9 @@ def wsgi_app(served_schema):
 
 class World:
     """Real objects for the fuzzer's requests: a volume with a file and a pending upload, a
-    dataset, a job with a checkpoint, and for worker calls a fresh live job each time (a
-    `complete` ends a job and its token). Made once: what each request changes is rolled back
-    after it (`rolled_back`)."""
+    dataset, a job with a checkpoint, and for worker calls a live job, replica and Tinker model
+    with their tokens. Made once: what each request changes (a `complete` or a `failed` report
+    ends a job, replica or model) is rolled back after it (`rolled_back`)."""
 
     def __init__(self, settings, tmp_path):
         settings.VERI_STORE = f"file://{tmp_path / 'store'}"
@@ -107,11 +107,17 @@ class World:
             workspace=self.workspace, url="https://example.com/hook"
         )[0]
         self.tinker_key = tinker_keys.create_key(workspace=self.workspace)[0]
+        self.worker_job = drive(self.new_job(), "provisioning", "configuring")
+        self.worker_job_token = mint_job_token(job=self.worker_job)
+        self.replica = serving_replicas.start_replica(deployment=self.deployment)
+        self.replica_token = serving_replicas.mint_token(replica=self.replica)
+        self.tinker_creation = self.new_tinker_model()
+        self.tinker_token = tinker_sessions.mint_token(model=self.tinker_creation.model)
 
     @contextlib.contextmanager
     def rolled_back(self):
-        """A request's changes (and the credentials made for it), undone after it: the next
-        request finds the world as it was made, its volume, upload and job still there."""
+        """A request's changes, undone after it: the next request finds the world as it was
+        made, its volume, upload, jobs, replica and model still there."""
         with transaction.atomic():
             yield
             transaction.set_rollback(True)
@@ -159,9 +165,9 @@ class World:
             "endpoint_id": self.endpoint.public_id,
             "deployment_id": self.deployment.public_id,
             "evaluation_id": self.evaluation.public_id,
-            "replica_id": "",  # a live replica's, set for each call by `authorize`
+            "replica_id": "",  # the live replica's, set by `authorize`
             "key_id": self.tinker_key.public_id,
-            "model_id": "",  # a live Tinker model's, set for each call by `authorize`
+            "model_id": "",  # the live Tinker model's, set by `authorize`
             "request_id": "",
         }
 
@@ -170,28 +176,17 @@ class World:
         the schema's submit example names)."""
         if isinstance(case.body, dict) and case.body.get("dataset_id") == EXAMPLE_DATASET_ID:
             case.body = dict(case.body, dataset_id=self.dataset.public_id)
-        case.headers = dict(case.headers or {})
+        ids, token = {}, self.api_key
         if case.path.startswith("/v1/worker/replicas/"):
-            # A live replica each time (a `failed` report ends it and its deployment).
-            replica = serving_replicas.start_replica(deployment=self.deployment)
-            case.path_parameters = dict(case.path_parameters or {}, replica_id=replica.public_id)
-            token = serving_replicas.mint_token(replica=replica)
-            case.headers["Authorization"] = f"Bearer {token}"
+            ids, token = {"replica_id": self.replica.public_id}, self.replica_token
         elif case.path.startswith("/v1/worker/tinker_models/"):
-            creation = self.new_tinker_model()
-            case.path_parameters = dict(
-                case.path_parameters or {},
-                model_id=creation.model.model_id,
-                request_id=creation.request_id,
-            )
-            token = tinker_sessions.mint_token(model=creation.model)
-            case.headers["Authorization"] = f"Bearer {token}"
+            model, request_id = self.tinker_creation.model, self.tinker_creation.request_id
+            ids, token = {"model_id": model.model_id, "request_id": request_id}, self.tinker_token
         elif case.path.startswith("/v1/worker/"):
-            job = drive(self.new_job(), "provisioning", "configuring")
-            case.path_parameters = dict(case.path_parameters or {}, job_id=job.public_id)
-            case.headers["Authorization"] = f"Bearer {mint_job_token(job=job)}"
-        else:
-            case.headers["Authorization"] = f"Bearer {self.api_key}"
+            ids, token = {"job_id": self.worker_job.public_id}, self.worker_job_token
+        if ids:
+            case.path_parameters = dict(case.path_parameters or {}, **ids)
+        case.headers = dict(case.headers or {}, Authorization=f"Bearer {token}")
 
 
 def _jsonl() -> bytes:
