@@ -230,13 +230,28 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup):
-    """pytest-django's, then the migrations' rows (content types, permissions, task schedules)
-    come back after a flush with one INSERT per table: Django's restore saves them one by one,
-    an UPDATE then an INSERT each: 0.35 s (half of it the database's) before each of the ~200
-    transactional tests."""
+    """pytest-django's, then a flush deletes rows (`flush_by_delete`), and the migrations' rows
+    (content types, permissions, task schedules) come back after it with one INSERT per table:
+    Django's restore saves them one by one, an UPDATE then an INSERT each, 0.35 s (half of it
+    the database's) before each of the ~200 transactional tests."""
     for each in connections.all():
         if getattr(each, "_test_serialized_contents", None):
             each.creation.deserialize_db_from_string = functools.partial(insert_serialized, each)
+        if each.vendor == "postgresql":
+            each.ops.sql_flush = functools.partial(flush_by_delete, each.ops)
+
+
+def flush_by_delete(ops, style, tables, *, reset_sequences=False, allow_cascade=False):
+    """The SQL of a flush after a transactional test: a DELETE per table, triggers (the ledger's
+    append-only one, the foreign keys') off for it, where PostgreSQL's TRUNCATE of all ~70
+    tables takes 0.14 s for the few rows a test leaves; 0.01 s."""
+    if reset_sequences:
+        return type(ops).sql_flush(
+            ops, style, tables, reset_sequences=True, allow_cascade=allow_cascade
+        )
+    deletes = [f"DELETE FROM {ops.quote_name(table)}" for table in tables]
+    replica, origin = (f"SET LOCAL session_replication_role = {r}" for r in ("replica", "origin"))
+    return [replica, *deletes, origin]
 
 
 def insert_serialized(connection, data: str) -> None:
