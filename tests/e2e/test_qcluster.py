@@ -44,33 +44,34 @@ def test_sigterm_stops_the_cluster_in_seconds_and_no_tick_is_lost(qcluster):
 def test_sigterm_to_the_whole_process_group_stops_it_in_seconds(qcluster):
     """A shell's `kill %1` or a process manager signals every process of the cluster: its guard
     process used to die waiting on the stop event, and the main process then hung for good."""
-    cluster = qcluster(VERI_WATCH_PERIOD_SECONDS="1")
-    assert tasks.ensure_watch_chain() == "started"
-    started = state().last_tick_at
-    wait_for(lambda: state().last_tick_at > started, 60, "the first tick")
-
-    stopping = time.monotonic()
-    os.killpg(cluster.pid, signal.SIGTERM)
-    cluster.wait(timeout=60)
-    assert time.monotonic() - stopping < 8, "qcluster took too long to stop"
-    wait_for(lambda: not group_members(cluster.pid), 8, "the cluster's processes to end")
+    cluster = ticking(qcluster)
+    stops_in_seconds(cluster, lambda: os.killpg(cluster.pid, signal.SIGTERM))
 
 
 def test_sigterm_reaching_the_other_processes_first_still_stops_it_in_seconds(qcluster):
     """The order a group's processes act on one signal in is the scheduler's: the guard process
     used to replace a killed task worker or monitor before the main process stopped the cluster,
     and the new one waited forever on the queue lock its predecessor died holding."""
-    cluster = qcluster(VERI_WATCH_PERIOD_SECONDS="1")
-    assert tasks.ensure_watch_chain() == "started"
-    started = state().last_tick_at
-    wait_for(lambda: state().last_tick_at > started, 60, "the first tick")
-
+    cluster = ticking(qcluster)
     for pid in group_members(cluster.pid):
         if pid != cluster.pid:
             os.kill(pid, signal.SIGTERM)
     time.sleep(1.5)  # the guard process checks its processes every 0.5 s
+    stops_in_seconds(cluster, lambda: os.kill(cluster.pid, signal.SIGTERM))
+
+
+def ticking(qcluster):
+    """A cluster whose watchdog has ticked once."""
+    cluster = qcluster(VERI_WATCH_PERIOD_SECONDS="1")
+    assert tasks.ensure_watch_chain() == "started"
+    started = state().last_tick_at
+    wait_for(lambda: state().last_tick_at > started, 60, "the first tick")
+    return cluster
+
+
+def stops_in_seconds(cluster, send_sigterm) -> None:
     stopping = time.monotonic()
-    os.kill(cluster.pid, signal.SIGTERM)
+    send_sigterm()
     cluster.wait(timeout=60)
     assert time.monotonic() - stopping < 8, "qcluster took too long to stop"
     wait_for(lambda: not group_members(cluster.pid), 8, "the cluster's processes to end")
