@@ -26,8 +26,12 @@ def qcluster(transactional_db, settings):
     watchdog ticks every second (a test may say otherwise): a queued job waits for a tick to be
     launched, so the default 5 s would add seconds to every job. Training workers heartbeat
     every 2 s: a pause or a budget stop reaches a job with its next heartbeat, and the default
-    30 s is that much more training to wait through."""
-    settings.VERI_WORKER_HEARTBEAT_MAX_SECONDS = 2  # the API server (live_server) hands it out
+    30 s is that much more training to wait through. A Tinker operation's held polls (the
+    model's for its next operation, the client's for the result) look every 20 ms: the default
+    100 ms twice over each of the hundreds of operations of a Tinker test's loops."""
+    # The API server (live_server, in this process) hands these out and holds those polls.
+    settings.VERI_WORKER_HEARTBEAT_MAX_SECONDS = 2
+    settings.VERI_TINKER_POLL_INTERVAL_SECONDS = 0.02
     processes, folders = [], set()
 
     def start(**extra_env) -> subprocess.Popen:

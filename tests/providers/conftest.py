@@ -34,10 +34,11 @@ def assert_provisioning_error(api_client, job: TrainingJob, *words: str) -> dict
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ec2_endpoint():
     """EC2 on a moto server of its own: each test resets it, which on the shared S3 server would
-    also wipe the buckets of tests running beside these on another xdist worker."""
+    also wipe the buckets of tests running beside these on another xdist worker. One for each
+    test process (its tests run one at a time), not one per module: each start is 3 s of CPU."""
     with moto_server() as url:
         yield url
 
