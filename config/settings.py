@@ -228,7 +228,8 @@ Q_CLUSTER = {
     "retry": VERI_Q_TIMEOUT_SECONDS + 120,  # past the timeout, or a long task is handed out twice
     "max_attempts": 3,
     "catch_up": False,
-    "poll": 0.5,
+    # The database broker's wait between looks at an empty queue (Redis's waits on the queue).
+    "poll": env.float("VERI_Q_POLL_SECONDS", default=0.5),
     "ack_failures": True,
 }
 
