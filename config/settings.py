@@ -85,7 +85,7 @@ MIDDLEWARE = [
     "veri.middleware.QueryCountMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "config.staticfiles.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "openai_api.middleware.OpenAIErrorsMiddleware",
