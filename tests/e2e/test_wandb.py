@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serializ
 
 KEY = "wandb-canary-5f1d0c7e2b9a4f3c"
 # Customer code (a reward function, run in the training process) looks for the key everywhere it
-# could: its environment, its job file, W&B's folder next to it; and says what it found. (It
-# holds the key written backwards: the job file holds the reward's source.)
+# could: its environment, its job file, W&B's folder next to it, the wandb package; and says what
+# it found. (It holds the key written backwards: the job file holds the reward's source.)
 SNOOP = f"""
 import os, sys
 from pathlib import Path
@@ -38,11 +38,17 @@ def reward(completions, **kwargs):
             wandb_dir = str(os.listdir(job_file.parent / "wandb"))
         except OSError as exc:
             wandb_dir = type(exc).__name__
+        try:
+            import wandb
+            package = wandb.__name__
+        except ImportError as exc:
+            package = type(exc).__name__
         seen.append(1)
-        print("SNOOP env=%s jobfile=%s wandb_dir=%s" % (
+        print("SNOOP env=%s jobfile=%s wandb_dir=%s wandb=%s" % (
             any(KEY in v for v in os.environ.values()),
             KEY in job_file.read_text(),
             wandb_dir,
+            package,
         ), flush=True)
     return [c.count("a") / max(len(c), 1) for c in completions]
 """
@@ -80,7 +86,9 @@ def test_the_runner_logs_the_jobs_metrics_to_wandb_and_keeps_the_key_from_the_tr
     full = api_client.get(f"/v1/training_jobs/{job_id}/logs/full").getvalue().decode()
     assert "[veri] W&B: logging metrics to veri-e2e (offline)" in full
     [snoop] = [line for line in full.splitlines() if line.startswith("SNOOP ")]
-    assert snoop == "SNOOP env=False jobfile=False wandb_dir=PermissionError", snoop
+    assert (
+        snoop == "SNOOP env=False jobfile=False wandb_dir=PermissionError wandb=ModuleNotFoundError"
+    ), snoop
 
     work = platform.instances / job_id / "work"
     wandb_file = offline_run(work)
