@@ -153,6 +153,7 @@ class Topology:
                 "--timeout", "120",
                 "--graceful-timeout", "20",
                 "--no-control-socket",
+                "--preload",  # the app imported once, then forked: each worker starts at once
             ],
             "web.log",
             self.web_env,
