@@ -41,6 +41,9 @@ def qcluster(transactional_db, settings):
             "VERI_STORE": settings.VERI_STORE,
             "VERI_Q_WORKERS": "2",
             "VERI_Q_POLL_SECONDS": "0.1",  # each task a job passes through starts sooner
+            # Connections kept, as docs/deploy.md says to run it: the database broker's every
+            # look at the queue would otherwise open one (ten a second at this poll).
+            "VERI_DB_CONN_MAX_AGE": "60",
             "VERI_WATCH_PERIOD_SECONDS": "1",
             **extra_env,
         }

@@ -80,9 +80,10 @@ class World:
             "aws": "tests.training.fakes.FakeCloud",
         }
         settings.VERI_DEFAULT_PROVIDER = "local"  # what the schema's submit example runs on
-        # A Tinker worker's poll for work is held this long when there is none: every fuzzed
-        # call of it would wait the default 20 s.
-        settings.VERI_TINKER_WAIT_SECONDS = 0.2
+        # A Tinker worker's poll for work is held this long when there is none, looking every
+        # hundredth of a second: every fuzzed call of it would wait the default 20 s.
+        settings.VERI_TINKER_WAIT_SECONDS = 0.02
+        settings.VERI_TINKER_POLL_INTERVAL_SECONDS = 0.01
         self.workspace, self.api_key = veri_services.create_workspace(name="fuzz")
         from billing.services import open_billing_account
 
