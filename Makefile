@@ -6,24 +6,22 @@ export HF_HUB_OFFLINE := 1
 .PHONY: install test-install demo test docs serve-prod-like lint format
 
 # uv installs (the one rented machines install with, pinned in requirements.txt): pip took 77 s
-# of a fresh clone's `make test` on 2 cores, uv 36 s with the same versions. uv reads no pip
-# configuration, so pip's find-links (where a machine keeps wheels such as torch's CPU build) are
-# handed on. Bytecode is written for what the worker runs (scripts/compile_worker_bytecode.py
-# says why), the rest on first import.
+# of a fresh clone's `make test` on 2 cores, uv 36 s with the same versions and the bytecode
+# compiled as pip does. uv reads no pip configuration, so pip's find-links (where a machine keeps
+# wheels such as torch's CPU build) are handed on.
 UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
-UV_INSTALL = UV_FIND_LINKS="$(UV_FIND_LINKS)" $(VENV)/bin/uv pip install -q --python $(VENV)/bin/python
+UV_INSTALL = UV_FIND_LINKS="$(UV_FIND_LINKS)" $(VENV)/bin/uv pip install -q --compile-bytecode \
+  --python $(VENV)/bin/python
 
 $(VENV)/.installed: requirements.txt pyproject.toml
-	# No pip of its own yet (ensurepip took 3.5 s): this Python's pip puts uv in, uv puts pip in.
-	$(PYTHON) -m venv --without-pip $(VENV)
-	$(PYTHON) -m pip --python $(VENV)/bin/python install -q "$$(grep '^uv==' requirements.txt)"
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q "$$(grep '^uv==' requirements.txt)"
 	$(UV_INSTALL) --upgrade pip  # the control plane's `pip download` fills the wheelhouse
 	# torch first, pinned: the CPU build; an unpinned torch pulled in by trl would be a CUDA one.
 	$(UV_INSTALL) torch==2.13.0
 	$(UV_INSTALL) -r requirements.txt -e ".[sdk,worker,test]"
 	# Its dependencies are in the test extra (pyproject.toml says why it comes without them).
 	$(UV_INSTALL) --no-deps tinker-cookbook==0.6.1
-	$(PY) scripts/compile_worker_bytecode.py
 	# Run as root, local workers keep customer code in a bubblewrap sandbox (worker/sandbox.py).
 	if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; fi
