@@ -14,8 +14,11 @@ UV_INSTALL = UV_FIND_LINKS="$(UV_FIND_LINKS)" $(VENV)/bin/uv pip install -q --co
   --python $(VENV)/bin/python
 
 $(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q "$$(grep '^uv==' requirements.txt)"
+	# Without pip at first (ensurepip takes 3.5 s): uv put in by this Python's pip where that pip
+	# can install into another Python (--python, pip 22.3+), else by the venv's own; uv puts pip in.
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(VENV)/bin/python install -q "$$(grep '^uv==' requirements.txt)" \
+	  || { $(VENV)/bin/python -m ensurepip >/dev/null && $(VENV)/bin/python -m pip install -q "$$(grep '^uv==' requirements.txt)"; }
 	$(UV_INSTALL) --upgrade pip  # the control plane's `pip download` fills the wheelhouse
 	# torch first, pinned: the CPU build; an unpinned torch pulled in by trl would be a CUDA one.
 	$(UV_INSTALL) torch==2.13.0
