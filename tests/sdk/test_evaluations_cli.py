@@ -98,8 +98,9 @@ def test_a_model_name_with_colons_is_printed_as_typed(cli, capsys, files):
 
 def answer_in_the_background(workspace) -> threading.Thread:
     """Plays the task cluster for the next evaluation of `workspace` (none runs here): answers
-    its first row, leaves `veri eval` a few polls to see that, then answers the rest and scores
-    them with run_evaluation (the grader in its sandboxed child)."""
+    its first row, leaves `veri eval` a few polls to see that, then answers the rest, leaves it a
+    few polls to see that too (scoring can end the evaluation within one), and scores them with
+    run_evaluation (the grader in its sandboxed child)."""
 
     def work():
         try:
@@ -110,6 +111,7 @@ def answer_in_the_background(workspace) -> threading.Thread:
             found.samples.filter(index=0).update(model_output="plum", baseline_output="pear")
             time.sleep(3 * 2.0)  # three of veri eval's polls
             found.samples.update(model_output="plum", baseline_output="pear")
+            time.sleep(3 * 2.0)
             evaluations.run_evaluation(evaluation_id=found.pk)
         finally:
             connection.close()
