@@ -12,13 +12,14 @@ export HF_HUB_OFFLINE := 1
 UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 UV_INSTALL = UV_FIND_LINKS="$(UV_FIND_LINKS)" $(VENV)/bin/uv pip install -q --compile-bytecode \
   --python $(VENV)/bin/python
+UV_PIN = $(shell grep '^uv==' requirements.txt)
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	# Without pip at first (ensurepip takes 3.5 s): uv put in by this Python's pip where that pip
 	# can install into another Python (--python, pip 22.3+), else by the venv's own; uv puts pip in.
 	$(PYTHON) -m venv --without-pip $(VENV)
-	$(PYTHON) -m pip --python $(VENV)/bin/python install -q "$$(grep '^uv==' requirements.txt)" \
-	  || { $(VENV)/bin/python -m ensurepip >/dev/null && $(VENV)/bin/python -m pip install -q "$$(grep '^uv==' requirements.txt)"; }
+	$(PYTHON) -m pip --python $(VENV)/bin/python install -q "$(UV_PIN)" \
+	  || { $(VENV)/bin/python -m ensurepip >/dev/null && $(VENV)/bin/python -m pip install -q "$(UV_PIN)"; }
 	$(UV_INSTALL) --upgrade pip  # the control plane's `pip download` fills the wheelhouse
 	# torch first, pinned: the CPU build; an unpinned torch pulled in by trl would be a CUDA one.
 	$(UV_INSTALL) torch==2.13.0
