@@ -96,6 +96,9 @@ def test_a_model_name_with_colons_is_printed_as_typed(cli, capsys, files):
     assert code == 1 and repr(model) in err and "❌" not in err
 
 
+THREE_POLLS = 3 * 2.0  # seconds: three of veri eval's polls
+
+
 def answer_in_the_background(workspace) -> threading.Thread:
     """Plays the task cluster for the next evaluation of `workspace` (none runs here): answers
     its first row, leaves `veri eval` a few polls to see that, then answers the rest, leaves it a
@@ -109,9 +112,9 @@ def answer_in_the_background(workspace) -> threading.Thread:
                 assert time.monotonic() < deadline, "no evaluation was created"
                 time.sleep(0.1)
             found.samples.filter(index=0).update(model_output="plum", baseline_output="pear")
-            time.sleep(3 * 2.0)  # three of veri eval's polls
+            time.sleep(THREE_POLLS)
             found.samples.update(model_output="plum", baseline_output="pear")
-            time.sleep(3 * 2.0)
+            time.sleep(THREE_POLLS)
             evaluations.run_evaluation(evaluation_id=found.pk)
         finally:
             connection.close()
