@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import httpx
 import psycopg
@@ -20,7 +21,7 @@ from providers.models import Instance, LaunchAttempt
 from tests.conftest import fill_volume, postgres_only, wait_for
 from tests.e2e.conftest import database_url
 from tests.e2e.test_training import FAST_LORA, SFT_ROWS
-from training.models import JobEvent, TrainingJob
+from training.models import JobEvent, TrainingJob, WatchdogState
 from veri_sdk.volumes import UploadFailed
 
 pytestmark = [
@@ -54,9 +55,11 @@ def stub_job(veri, workspace, tmp_path) -> dict:
 
 def restart_cluster(topology) -> None:
     """Start a cluster in place of a killed one. Killed mid-tick, it lost the watchdog's tick
-    chain, which the every-minute watch schedule starts again once no tick ran for 30 s: each
-    scheduler pass of the new cluster (as it starts, then every 30 s) finds that minute over,
-    instead of waiting up to a minute more."""
+    chain, which the every-minute watch schedule starts again once no tick ran for 30 s: the
+    last tick is dated 30 s back, and each scheduler pass of the new cluster (as it starts, then
+    every 30 s) finds that minute over, so the chain starts at once instead of a pass or two
+    later. (A chain that outlived the kill ends at its next tick, superseded.)"""
+    WatchdogState.objects.update(last_tick_at=timezone.now() - timedelta(seconds=30))
     watch = Schedule.objects.filter(func="training.tasks.watch_jobs")
     watch.update(next_run=timezone.now())
     before = watch.values_list("task", flat=True).get()
