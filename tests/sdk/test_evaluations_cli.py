@@ -4,6 +4,7 @@ tests/e2e/test_evaluations.py runs one to the end and reads its printed summary)
 import json
 import threading
 import time
+from functools import partialmethod
 
 import pytest
 from django.db import connection
@@ -15,6 +16,7 @@ from serving.services.deployments import Shape, create_deployment
 from tests.openai_api.conftest import jsonl
 from tests.serving.test_evaluations import BASE, CHAT, EXACT, OTHER
 from training.models import Dataset
+from veri_sdk.evaluations import Evaluations
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,13 +98,14 @@ def test_a_model_name_with_colons_is_printed_as_typed(cli, capsys, files):
     assert code == 1 and repr(model) in err and "❌" not in err
 
 
-THREE_POLLS = 3 * 2.0  # seconds: three of veri eval's polls
+POLL = 0.5  # seconds between veri eval's looks at the evaluation here (2 s by default)
+SEVERAL_POLLS = 6 * POLL  # for veri eval to see a change, on a busy machine too
 
 
 def answer_in_the_background(workspace) -> threading.Thread:
     """Plays the task cluster for the next evaluation of `workspace` (none runs here): answers
-    its first row, leaves `veri eval` a few polls to see that, then answers the rest, leaves it a
-    few polls to see that too (scoring can end the evaluation within one), and scores them with
+    its first row, leaves `veri eval` several polls to see that, then answers the rest, leaves it
+    several polls to see that too (scoring can end the evaluation within one), and scores them with
     run_evaluation (the grader in its sandboxed child)."""
 
     def work():
@@ -112,9 +115,9 @@ def answer_in_the_background(workspace) -> threading.Thread:
                 assert time.monotonic() < deadline, "no evaluation was created"
                 time.sleep(0.1)
             found.samples.filter(index=0).update(model_output="plum", baseline_output="pear")
-            time.sleep(THREE_POLLS)
+            time.sleep(SEVERAL_POLLS)
             found.samples.update(model_output="plum", baseline_output="pear")
-            time.sleep(THREE_POLLS)
+            time.sleep(SEVERAL_POLLS)
             evaluations.run_evaluation(evaluation_id=found.pk)
         finally:
             connection.close()
@@ -124,7 +127,10 @@ def answer_in_the_background(workspace) -> threading.Thread:
     return thread
 
 
-def test_eval_shows_progress_and_fails_when_the_grader_scores_nothing(cli, capsys, files):
+def test_eval_shows_progress_and_fails_when_the_grader_scores_nothing(
+    cli, capsys, files, monkeypatch
+):
+    monkeypatch.setattr(Evaluations, "wait", partialmethod(Evaluations.wait, poll=POLL))
     (files / "reward.py").write_text("def reward(prompts, completions, **kwargs):\n    return 1\n")
     (files / "held_out.jsonl").write_bytes(jsonl([CHAT, CHAT]))
     worker = answer_in_the_background(cli.workspace)
