@@ -234,7 +234,7 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup):
+def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's, then a flush deletes rows (`flush_by_delete`), and the migrations' rows
     (content types, permissions, task schedules) come back after it with one INSERT per table:
     Django's restore saves them one by one, an UPDATE then an INSERT each, 0.35 s (half of it
@@ -250,6 +250,17 @@ def django_db_setup(django_db_setup):
             each.creation.deserialize_db_from_string = functools.partial(insert_serialized, each)
         if each.vendor == "postgresql":
             each.ops.sql_flush = functools.partial(flush_by_delete, each.ops)
+    yield
+    # A server thread outlives the run's last request while its client keeps the HTTP connection
+    # open, and so does its database connection: the test database could not be dropped.
+    with django_db_blocker.unblock():
+        for each in connections.all():
+            if each.vendor == "postgresql":
+                with each.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
 
 
 def flush_by_delete(ops, style, tables, *, reset_sequences=False, allow_cascade=False):
