@@ -24,6 +24,9 @@ from worker.tinker_losses import LossInputError
 from worker.tinker_vllm import EngineFailed, VllmSampler
 
 POLL_WAIT_SECONDS = 10.0
+# While vLLM starts, the poll for work is held this long only: one that exits as it starts (a
+# model it cannot load, no memory) ends the model within a second, not a held poll later.
+STARTING_POLL_WAIT_SECONDS = 1.0
 
 
 def load(spec: dict, work: Path):
@@ -125,8 +128,10 @@ def _operations(api: ControlPlane, model, engine: VllmSampler | None, work: Path
     while True:
         if engine is not None and (message := engine.failure()):  # vLLM exited meanwhile
             raise EngineFailed(message)
+        starting = engine is not None and not engine.started()
+        wait = STARTING_POLL_WAIT_SECONDS if starting else POLL_WAIT_SECONDS
         try:
-            answer = api.call("POST", "/next", json={"after": after, "wait": POLL_WAIT_SECONDS})
+            answer = api.call("POST", "/next", json={"after": after, "wait": wait})
         except ControlPlaneError as exc:
             if exc.status in (401, 410):  # the model ended: its token died with it
                 print(f"[veri] model ended: {exc}", flush=True)

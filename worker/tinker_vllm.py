@@ -181,20 +181,23 @@ class VllmSampler:
         self.http.close()
         self.server.stop()
 
+    def started(self) -> bool:
+        """Whether vLLM answers (asked again each time until it has)."""
+        if not self.ready and serve_vllm.healthy(self.url):
+            self.ready = True
+            print(f"[veri] vLLM samples on {self.url}", flush=True)
+        return self.ready
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_SECONDS
-        while not self.ready:
+        while not self.started():
             if message := self.failure():
                 raise EngineFailed(message)
-            if serve_vllm.healthy(self.url):
-                self.ready = True
-                print(f"[veri] vLLM samples on {self.url}", flush=True)
-            elif time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 self.server.stop()
                 silent = f"after {START_SECONDS} s without answering"
                 raise EngineFailed(self.server.failure(silent))
-            else:
-                time.sleep(serve_vllm.POLL_SECONDS)
+            time.sleep(serve_vllm.POLL_SECONDS)
 
     def _adapter(self, seq_id: int) -> str:
         """The name of the snapshot's adapter in vLLM, written and loaded the first time."""
