@@ -39,6 +39,9 @@ class VolumeFile(models.Model):
     path = models.CharField(max_length=1024)
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64, blank=True)
+    # The store refused any other bytes (a single PUT signed with `sha256`). A multipart upload's
+    # parts are checked only against their own MD5s: its `sha256` is the uploader's word.
+    sha256_verified = models.BooleanField(default=False)
     object_key = models.CharField(max_length=1024)
     uploaded_at = models.DateTimeField()
 
@@ -133,6 +136,7 @@ class PinnedFile(models.Model):
     path = models.CharField(max_length=1024)
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64, blank=True)
+    sha256_verified = models.BooleanField(default=False)  # VolumeFile's, as pinned
     object_key = models.CharField(max_length=1024, db_index=True)
 
     def __str__(self) -> str:

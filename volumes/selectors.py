@@ -43,12 +43,17 @@ def volumes_with_files(
 ) -> list[tuple[Volume, list]]:
     """The workspace's volumes among `volume_ids`, each with its files (`path, size, sha256,
     object_key`, by path): the files `pinned_by` pinned when given, else the current ones. Two
-    queries however many volumes."""
+    queries however many volumes. `sha256` is the one the store checked, empty where it checked
+    none (a multipart upload's): a worker that finds other bytes then blames the platform, which
+    an uploader's false sha256 must not be able to make it do."""
     volumes = list(list_volumes(workspace=workspace).filter(public_id__in=volume_ids))
     files: dict[int, list] = {v.pk: [] for v in volumes}
     source = PinnedFile.objects.filter(holder=pinned_by) if pinned_by else VolumeFile.objects
     rows = source.filter(volume__in=volumes).order_by("volume_id", "path")
-    for row in rows.values("volume_id", "path", "size", "sha256", "object_key").iterator():
+    fields = ("volume_id", "path", "size", "sha256", "sha256_verified", "object_key")
+    for row in rows.values(*fields).iterator():
+        if not row.pop("sha256_verified"):
+            row["sha256"] = ""
         files[row.pop("volume_id")].append(row)
     return [(v, files[v.pk]) for v in volumes]
 

@@ -79,7 +79,7 @@ def pin_files(*, holder: str, volumes: Sequence[Volume]) -> str:
     rows = list(
         VolumeFile.objects.filter(volume__in=volumes)
         .order_by("volume_id", "path")
-        .values("volume_id", "path", "size", "sha256", "object_key")
+        .values("volume_id", "path", "size", "sha256", "sha256_verified", "object_key")
     )
     PinnedFile.objects.bulk_create(PinnedFile(holder=holder, **row) for row in rows)
     ids = {v.pk: v.public_id for v in volumes}
@@ -372,6 +372,7 @@ def _record_completions(
         fields = {
             "size": upload.size,
             "sha256": upload.sha256,
+            "sha256_verified": bool(upload.sha256) and upload.method == Upload.Method.SINGLE,
             "object_key": upload.object_key,
             "uploaded_at": now,
         }
@@ -386,7 +387,9 @@ def _record_completions(
             added_files += 1
             added_bytes += upload.size
     VolumeFile.objects.bulk_create(created)
-    VolumeFile.objects.bulk_update(updated, ["size", "sha256", "object_key", "uploaded_at"])
+    VolumeFile.objects.bulk_update(
+        updated, ["size", "sha256", "sha256_verified", "object_key", "uploaded_at"]
+    )
     Volume.objects.filter(pk=volume.pk).update(
         file_count=F("file_count") + added_files, total_bytes=F("total_bytes") + added_bytes
     )

@@ -6,6 +6,7 @@ from rest_framework.test import APIClient
 
 from tests.conftest import assert_error, fill_volume, put_to_url
 from tests.training.conftest import drive, worker_client
+from tests.volumes.test_api import sha, upload
 from training import errors, tasks
 from training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from training.services import jobs
@@ -443,3 +444,40 @@ def test_resent_metric_points_keep_their_first_values(api_client, launched):
     }
     points = api_client.get(f"/v1/training_jobs/{job.public_id}/metrics").json()["data"]
     assert [(p["step"], p["values"]["loss"]) for p in points] == [(1, 2.0), (2, 1.0)]
+
+
+def test_only_a_sha256_the_store_checked_reaches_the_worker(api_client, submit, settings):
+    """A single PUT is signed with the file's sha256, so the store refuses other bytes; a multipart
+    upload's parts are checked only against their own MD5s, so its sha256 is the uploader's word.
+    The worker's sync blames the platform (volume_sync_incomplete, refunded) for bytes that differ
+    from the sha256 it is given: an uploader's false one must not reach it."""
+    volume = api_client.post("/v1/volumes", {"name": "corpus"}, format="json").json()
+    small = upload(api_client, volume["id"], "small.txt", b"abc")
+    assert small.status_code == 200, small.json()
+    settings.VERI_MULTIPART_THRESHOLD = 10
+    false_sha = "0" * 64
+    announced = {"path": "weights.bin", "size": 100, "sha256": false_sha}
+    started = api_client.post(f"/v1/volumes/{volume['id']}/files", announced, format="json").json()
+    [part] = started["parts"]
+    etag = put_to_url(api_client, part["url"], b"x" * 100)["ETag"].strip('"')
+    done = api_client.post(
+        f"/v1/volumes/{volume['id']}/uploads/{started['upload_id']}/complete",
+        {"parts": [{"number": 1, "etag": etag}]},
+        format="json",
+    )
+    assert done.status_code == 200, done.json()
+    listed = api_client.get(f"/v1/volumes/{volume['id']}/files").json()["data"]
+    assert {f["path"]: f["sha256"] for f in listed} == {
+        "small.txt": sha(b"abc"),
+        "weights.bin": false_sha,  # listed as announced: what a re-upload is compared with
+    }
+
+    job = submit(volumes=["corpus"])
+    tasks.provision_job(job_id=job.pk)
+    [mounted] = (
+        worker_client(job).post(w(job, "volume-credentials"), format="json").json()["volumes"]
+    )
+    assert {f["path"]: f["sha256"] for f in mounted["files"]} == {
+        "small.txt": sha(b"abc"),
+        "weights.bin": "",  # checked by its size alone
+    }
