@@ -62,12 +62,13 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # before django.contrib.staticfiles and django_q: its `runserver` and `qcluster` are the ones
+    "config",
     "django.contrib.staticfiles",
     "csp",
     "axes",  # sign-in throttling (config/signin.py)
     "rest_framework",
     "drf_spectacular",
-    "config",  # before django_q: its `qcluster` command is the one that runs
     "django_q",
     "veri",
     "volumes",

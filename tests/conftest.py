@@ -21,10 +21,12 @@ import pytest
 from botocore.config import Config
 from django.core import serializers
 from django.db import connection, connections, transaction
+from django.test.testcases import LiveServerThread
 from pytest_django.plugin import blocking_manager_key, validate_django_db
 from rest_framework.test import APIClient
 
 from billing.services import open_billing_account
+from config import devserver
 from providers.services import get_adapter
 from scripts.prod_like import free_port
 from tests.stripe_fake import SECRET as STRIPE_SECRET
@@ -43,6 +45,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the rewritten ones kept), and every process the tests start compiled the project's modules.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# The live server answers as runserver does, without Nagle's 40 ms on each kept-alive request
+# (config/devserver.py): every call of the workers, Tinker's loops and the CLI waited it out.
+LiveServerThread.server_class = devserver.ThreadedWSGIServer
 
 REPO = Path(__file__).resolve().parent.parent
 
