@@ -1,3 +1,4 @@
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -204,6 +205,12 @@ class LaneSeconds:
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(LaneSeconds(), "veri-lane-seconds")
+        return
+    # An xdist worker has sent every result by the time it exits, and the run waits for the last
+    # one to end: tearing down its interpreter (a gigabyte of objects, torch's among them) took
+    # 3-5 s, three workers at once on two cores. Registered now, it runs after the exit handlers
+    # the tests registered (the Tinker, W&B and model-process ones).
+    atexit.register(os._exit, 0)
 
 
 def pytest_unconfigure(config):
