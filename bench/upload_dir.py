@@ -93,7 +93,7 @@ def run_s5cmd(folder: Path, env: dict, s3_url: str, run: int) -> None:
 
 def run_ceiling(folder: Path, s3, run: int) -> None:
     """Each PUT asks the store to check the body's SHA-256, as each of Veri's does (boto3's
-    default, a CRC32, costs the store half as much on large files)."""
+    default checksum, a CRC32, takes the store half the time on large files)."""
 
     def put(file: Path) -> None:
         key = f"ceiling-{folder.name}-{run}/{file.name}"

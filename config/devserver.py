@@ -4,7 +4,7 @@ algorithm off, as gunicorn runs production.
 Django's request handler sends a response's headers and its body in two writes. On a kept-alive
 connection the client delays its ACK of the headers (it has nothing to send back yet), and with
 Nagle's algorithm the body waits for that ACK: 40 ms added to every request after a
-connection's first (python/cpython#108736), where the answer itself takes 2. The worker's
+connection's first (python/cpython#108736), where the answer itself takes 2 ms. The worker's
 heartbeats and log batches, Tinker's polls, the CLI's calls all keep their connections."""
 
 import socket

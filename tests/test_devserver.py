@@ -12,7 +12,8 @@ import httpx
 from scripts.prod_like import free_port
 from tests.conftest import REPO, wait_for
 
-NAGLE_WAIT = 0.04  # Linux's shortest delayed ACK: what each request waited
+# Linux's shortest delayed ACK: what each request waited at least, on top of its answer's time
+NAGLE_WAIT = 0.04
 
 
 def kept_alive_median(url: str) -> float:
@@ -29,7 +30,7 @@ def kept_alive_median(url: str) -> float:
 
 
 def test_the_live_server_answers_kept_alive_requests_without_waiting(live_server):
-    assert kept_alive_median(live_server.url) < NAGLE_WAIT / 2
+    assert kept_alive_median(live_server.url) < NAGLE_WAIT * 0.75
 
 
 def test_runserver_answers_kept_alive_requests_without_waiting(tmp_path):
@@ -44,7 +45,7 @@ def test_runserver_answers_kept_alive_requests_without_waiting(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: answers(url), timeout=30, what="runserver")
-        assert kept_alive_median(url) < NAGLE_WAIT / 2
+        assert kept_alive_median(url) < NAGLE_WAIT * 0.75
     finally:
         server.terminate()
         server.wait()
