@@ -285,9 +285,10 @@ def test_events_page_newest_first_through_a_long_run(client, funded, models_volu
     )
     run = TrainingJob.objects.get(public_id=job.model_extra["veri_job_id"])
     start = run.events.get().at  # queued: the points come after it and before the cancel
-    # A long run's metrics, two to an instant (events that share a time keep their order).
+    # A long run's metrics, two to an instant (events that share a time keep their order), all
+    # within 20 µs of the queued event: the cancel, a request later, comes after every one.
     MetricPoint.objects.bulk_create(
-        MetricPoint(job=run, step=step, at=start + timedelta(milliseconds=step // 2), values={})
+        MetricPoint(job=run, step=step, at=start + timedelta(microseconds=step // 2), values={})
         for step in range(1, 41)
     )
     client.fine_tuning.jobs.cancel(job.id)
