@@ -1,13 +1,16 @@
 """`veri volumes upload-dir` against `aws s3 cp --recursive`, `s5cmd cp` and a ceiling (16 threads
-doing plain PUTs straight to the store, each with the SHA-256 the store checks, as Veri's), all
-into one moto S3 server started here, in one run.
+doing plain PUTs straight to the store, each with the SHA-256 the store checks, as Veri's:
+bench.put_pool), all into one moto S3 server started here, in one run. Each is a process of its
+own, timed from its spawn to its exit.
 
     .venv/bin/python -m bench.upload_dir [--small 1000] [--large 4] [--large-mib 64] [--repeat 3]
         [--rtt-ms 20]
 
 Each tool uploads the set --repeat times, each time to a new volume or prefix, and its best time
-counts (one loaded 2-core machine varies by a third from run to run). Prints each time and the
-ratios (baseline time / Veri time: above 1 means Veri is faster).
+counts (one loaded 2-core machine varies by a third from run to run). The tools take turns, each
+round in another order, and the bucket is emptied (untimed) after every upload, so each finds the
+same store: moto lists by walking every key of a bucket and grows slower as it holds more bytes.
+Prints each time and the ratios (baseline time / Veri time: above 1 means Veri is faster).
 moto is a single-process server: at 0 ms its request rate is the limit for every tool. With
 --rtt-ms every request to the store and to Veri's API crosses a loopback proxy adding that round
 trip (bench.rtt_proxy), as against a store in another region: concurrency decides there, not the
@@ -21,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -91,16 +93,16 @@ def run_s5cmd(folder: Path, env: dict, s3_url: str, run: int) -> None:
     )
 
 
-def run_ceiling(folder: Path, s3, run: int) -> None:
-    """Each PUT asks the store to check the body's SHA-256, as each of Veri's does (boto3's
-    default checksum, a CRC32, takes the store half the time on large files)."""
+def run_ceiling(folder: Path, env: dict, run: int) -> None:
+    prefix = f"ceiling-{folder.name}-{run}/"
+    put_pool = [sys.executable, "-m", "bench.put_pool", str(folder), BUCKET, prefix]
+    subprocess.run(put_pool, env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
 
-    def put(file: Path) -> None:
-        key = f"ceiling-{folder.name}-{run}/{file.name}"
-        s3.put_object(Bucket=BUCKET, Key=key, Body=file.read_bytes(), ChecksumAlgorithm="SHA256")
 
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(put, sorted(folder.iterdir())))
+def empty(s3) -> None:
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        if keys := [{"Key": obj["Key"]} for obj in page.get("Contents", [])]:
+            s3.delete_objects(Bucket=BUCKET, Delete={"Objects": keys, "Quiet": True})
 
 
 def main() -> None:
@@ -134,8 +136,8 @@ def run(args, stack: contextlib.ExitStack) -> None:
     }
     processes = [moto]
     try:
-        s3_client(direct_s3).create_bucket(Bucket=BUCKET)
-        s3 = s3_client(s3_url)
+        store = s3_client(direct_s3)
+        store.create_bucket(Bucket=BUCKET)
         print(
             f"round trip to the store and the API: {args.rtt_ms:g} ms"
             + ("" if args.rtt_ms else " (one moto process is the limit for every tool)")
@@ -169,13 +171,16 @@ def run(args, stack: contextlib.ExitStack) -> None:
                 "veri upload-dir": partial(run_veri, folder, cli_env),
                 "aws s3 cp": partial(run_aws, folder, env, s3_url),
                 "s5cmd cp": partial(run_s5cmd, folder, env, s3_url),
-                "ceiling (16 PUT threads)": partial(run_ceiling, folder, s3),
+                "ceiling (16 PUT threads)": partial(run_ceiling, folder, env),
             }
             times = {}
-            for run in range(args.repeat):  # the tools take turns, so each sees the same store
-                for name, upload in runs.items():
-                    seconds = timed(partial(upload, run))
+            names = list(runs)
+            for run in range(args.repeat):
+                for name in names[run % len(names) :] + names[: run % len(names)]:
+                    seconds = timed(partial(runs[name], run))
                     times[name] = min(times.get(name, seconds), seconds)
+                    empty(store)
+            times = {name: times[name] for name in names}
             total = sum(f.stat().st_size for f in folder.iterdir())
             print(f"\n{label} ({total / 1024**2:.1f} MiB)")
             for name, seconds in times.items():
