@@ -8,17 +8,28 @@ from collections.abc import Iterator
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
-from django.db.models.functions import Length
+from django.db.models import Func, IntegerField, Max
 from django.utils import timezone
 
 from training.models import JobEvent, LogChunk, TrainingJob
 from volumes.stores import StoreError, store_for
 
-# A page read from the database: at most this many lines, and lines of at most this many
-# characters in all (a line holds up to 16,384; four bytes each at worst in UTF-8).
+# A page read from the database: at most this many lines, and lines of at most this many bytes
+# in all (a line holds up to 16,384 characters, 64 KiB of UTF-8 at worst).
 PAGE_LINES = 2000
-PAGE_CHARS = 256 * 1024
+PAGE_BYTES = 256 * 1024
+
+
+class OctetLength(Func):
+    """A text's size in bytes. PostgreSQL reads it from a long (compressed) value's header, where
+    `LENGTH` in characters decompresses every line of the page just to count."""
+
+    function = "OCTET_LENGTH"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        # OCTET_LENGTH came in SQLite 3.43; a text cast to a blob is its UTF-8 bytes.
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))")
 
 
 def _size(text: str) -> int:
@@ -95,7 +106,7 @@ def next_seq(*, job: TrainingJob) -> int:
 def stream_lines(*, job: TrainingJob, through: int | None = None) -> Iterator[bytes]:
     """The job's lines in order (up to seq `through`), each with its newline, as UTF-8 chunks
     of at most a page: lines' sizes are read first, then only as many lines as fit in
-    PAGE_CHARS, so memory stays flat however long the log and whatever its lines' lengths."""
+    PAGE_BYTES, so memory stays flat however long the log and whatever its lines' lengths."""
     after = -1
     while True:
         lines = LogChunk.objects.filter(job=job, seq__gt=after)
@@ -103,16 +114,16 @@ def stream_lines(*, job: TrainingJob, through: int | None = None) -> Iterator[by
             lines = lines.filter(seq__lte=through)
         sizes = list(
             lines.order_by("seq")
-            .annotate(chars=Length("text"))
-            .values_list("seq", "chars")[:PAGE_LINES]
+            .annotate(size=OctetLength("text"))
+            .values_list("seq", "size")[:PAGE_LINES]
         )
         if not sizes:
             return
-        last, chars = sizes[0][0], 0
-        for seq, length in sizes:
-            if chars and chars + length > PAGE_CHARS:
+        last, taken = sizes[0][0], 0
+        for seq, size in sizes:
+            if taken and taken + size > PAGE_BYTES:
                 break
-            last, chars = seq, chars + length
+            last, taken = seq, taken + size
         texts = lines.filter(seq__lte=last).order_by("seq").values_list("text", flat=True)
         yield "".join(f"{text}\n" for text in texts).encode()
         after = last
