@@ -267,30 +267,26 @@ class UploadsCompleteBatchView(VolumeScopedView):
         volume = self.volume(volume_id)
         items = self.validated(self.UploadsCompleteBatchIn, request.data)["uploads"]
         uploads = selectors.get_uploads(volume=volume, upload_ids=[i["upload_id"] for i in items])
-        completions, answers = [], []
+        completions = []
         for item in items:
             if upload := uploads.get(item["upload_id"]):
                 parts = [(p["number"], p["etag"]) for p in item.get("parts", [])]
                 completions.append(services.Completion(upload, parts))
         results = iter(services.complete_uploads(volume=volume, completions=completions))
-        for item in items:
-            result = (
-                next(results)
-                if item["upload_id"] in uploads
-                else NotFound(f"No upload {item['upload_id']!r} in volume {volume.name!r}.")
-            )
-            if isinstance(result, VeriError):
-                answers.append(
-                    {
-                        "upload_id": item["upload_id"],
-                        "ok": False,
-                        "error": result.as_body()["error"],
-                    }
-                )
-            else:
-                answers.append(
-                    {"upload_id": item["upload_id"], "ok": True, "file": FileOut(result).data}
-                )
+        outcomes = [
+            next(results)
+            if item["upload_id"] in uploads
+            else NotFound(f"No upload {item['upload_id']!r} in volume {volume.name!r}.")
+            for item in items
+        ]
+        # One serializer for the batch: a ModelSerializer builds its fields for each instance.
+        files = iter(FileOut([o for o in outcomes if not isinstance(o, VeriError)], many=True).data)
+        answers = [
+            {"upload_id": item["upload_id"], "ok": False, "error": outcome.as_body()["error"]}
+            if isinstance(outcome, VeriError)
+            else {"upload_id": item["upload_id"], "ok": True, "file": next(files)}
+            for item, outcome in zip(items, outcomes, strict=True)
+        ]
         return Response({"data": answers})
 
 
