@@ -1,7 +1,7 @@
 """The upload benchmark's ceiling: 16 threads of plain PUTs from a folder to a bucket, each with
 the SHA-256 the store checks (as each of Veri's PUTs carries), and nothing else. It runs as its
 own process, spawned and timed like every tool, so its start-up (Python, boto3's import, the
-client) counts as theirs does; it imports nothing else.
+client) counts as theirs does; it imports boto3 and the standard library only.
 
     python -m bench.put_pool FOLDER BUCKET PREFIX    (the store: AWS_ENDPOINT_URL and AWS_*)
 """
