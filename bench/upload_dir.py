@@ -13,8 +13,8 @@ same store: moto lists by walking every key of a bucket and grows slower as it h
 Prints each time and the ratios (baseline time / Veri time: above 1 means Veri is faster).
 moto is a single-process server: at 0 ms its request rate is the limit for every tool. With
 --rtt-ms every request to the store and to Veri's API crosses a loopback proxy adding that round
-trip (bench.rtt_proxy), as against a store in another region: concurrency decides there, not the
-store's CPU.
+trip (bench.rtt_proxy), as against a store in another region, where concurrency decides; here
+moto's one process still limits small files (docs/development.md, "Benchmarks").
 """
 
 import argparse
