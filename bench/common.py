@@ -13,7 +13,8 @@ from botocore.config import Config
 from scripts.prod_like import free_port  # noqa: F401 - the benchmarks' one way to get a port
 
 BIN = Path(sys.executable).parent
-MANAGE = [sys.executable, str(Path(__file__).resolve().parent.parent / "manage.py")]
+REPO = Path(__file__).resolve().parent.parent
+MANAGE = [sys.executable, str(REPO / "manage.py")]
 
 
 def wait_for(url: str, seconds: float = 30) -> None:
@@ -79,7 +80,7 @@ def tiny_model(env: dict, folder: Path) -> Path:
         env=env,
         check=True,
         capture_output=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
     )
     return folder
 

@@ -22,7 +22,6 @@ from bench.common import (
     tiny_model,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 ROWS = [
     {"text": f"What is {a} plus {b}? The answer is {a + b}."} for a in range(8) for b in range(8)
 ]

@@ -35,9 +35,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import MANAGE, embedded_env, free_port, new_workspace, tiny_model, wait_for
+from bench.common import MANAGE, REPO, embedded_env, free_port, new_workspace, tiny_model, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 PROMPTS = [
     "What is the answer?",
     "Is the model good or bad?",

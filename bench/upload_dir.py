@@ -30,6 +30,7 @@ from pathlib import Path
 from bench.common import (
     BIN,
     MANAGE,
+    REPO,
     free_port,
     new_workspace,
     s3_client,
@@ -96,7 +97,7 @@ def run_s5cmd(folder: Path, env: dict, s3_url: str, run: int) -> None:
 def run_ceiling(folder: Path, env: dict, run: int) -> None:
     prefix = f"ceiling-{folder.name}-{run}/"
     put_pool = [sys.executable, "-m", "bench.put_pool", str(folder), BUCKET, prefix]
-    subprocess.run(put_pool, env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
+    subprocess.run(put_pool, env=env, check=True, cwd=REPO)
 
 
 def empty(s3) -> None:

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from bench.common import embedded_env, embedded_platform, free_port, new_workspace, tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
 REWARD = (
     "def reward(completions, **kwargs):\n"
     "    return [c.count('a') / max(len(c), 1) for c in completions]\n"
