@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
+from hashlib import sha256
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -595,9 +596,10 @@ def in_threads(count: int, work) -> list:
     return results
 
 
-def fill_volume(workspace, name: str, files: dict[str, bytes]):
+def fill_volume(workspace, name: str, files: dict[str, bytes], *, packed: bool = True):
     """A volume holding `files` (created, or added to when it exists), put through the real
-    upload services (start, bytes into the configured store, complete)."""
+    upload services (start, bytes into the configured store, complete): the small ones in packs,
+    as `veri volumes upload-dir` sends them, unless `packed` is False."""
     from volumes import services as volume_services
     from volumes.models import Upload, Volume
     from volumes.stores import get_store
@@ -605,16 +607,23 @@ def fill_volume(workspace, name: str, files: dict[str, bytes]):
     volume = Volume.objects.filter(workspace=workspace, name=name).first()
     if volume is None:
         volume, _ = volume_services.create_volume(workspace=workspace, name=name)
-    started = volume_services.start_uploads(
-        volume=volume,
-        files=[
-            volume_services.FileToUpload(path=path, size=len(data)) for path, data in files.items()
-        ],
-    )
-    ids = [answer["upload_id"] for answer in started]
+    announced = [
+        volume_services.FileToUpload(path=path, size=len(data), sha256=sha256(data).hexdigest())
+        for path, data in files.items()
+    ]
+    if packed:
+        started, _ = volume_services.start_packed_uploads(volume=volume, files=announced)
+    else:
+        started = volume_services.start_uploads(volume=volume, files=announced)
+    ids = [answer["upload_id"] for answer in started if not answer.get("skipped")]
     uploads = {u.public_id: u for u in Upload.objects.filter(volume=volume, public_id__in=ids)}
+    objects: dict[str, bytes] = {}  # a pack's files one after another, in the order announced
     for answer, data in zip(started, files.values(), strict=True):
-        get_store().put_bytes(uploads[answer["upload_id"]].object_key, data)
+        if not answer.get("skipped"):
+            key = uploads[answer["upload_id"]].object_key
+            objects[key] = objects.get(key, b"") + data
+    for key, data in objects.items():
+        get_store().put_bytes(key, data)
     volume = Volume.objects.select_related("workspace").get(pk=volume.pk)
     volume_services.complete_uploads(
         volume=volume, completions=[volume_services.Completion(u) for u in uploads.values()]

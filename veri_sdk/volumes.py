@@ -83,22 +83,26 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _reader(path: Path, offset: int, length: int, on_bytes: OnBytes | None):
-    """A fresh body for each attempt; progress is rewound when an attempt fails part-way."""
+def _reader(segments: list[tuple[Path, int, int]], on_bytes: OnBytes | None):
+    """A fresh body for each attempt: each segment's `length` bytes from `offset` of its file, one
+    after another (a part of a file, a file, or a pack of files). Progress is rewound when an
+    attempt fails part-way."""
+    length = sum(segment[2] for segment in segments)
 
     def body() -> Iterator[bytes]:
         sent = 0
         try:
-            with path.open("rb") as f:
-                f.seek(offset)
-                while sent < length:
-                    chunk = f.read(min(CHUNK, length - sent))
-                    if not chunk:
-                        return
-                    sent += len(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-                    yield chunk
+            for path, offset, size in segments:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    while size:
+                        chunk = f.read(min(CHUNK, size))
+                        if not chunk:
+                            return
+                        sent, size = sent + len(chunk), size - len(chunk)
+                        if on_bytes:
+                            on_bytes(len(chunk))
+                        yield chunk
         except GeneratorExit:
             if on_bytes and sent < length:
                 on_bytes(-sent)
@@ -160,7 +164,7 @@ class Volumes:
             on_total(announced["size"])
         with ThreadPoolExecutor(MAX_PARALLEL) as pool:
             completions, failures = self._transfer(
-                pool, [answer], {answer["path"]: local}, on_bytes
+                pool, [answer], [], {answer["path"]: local}, on_bytes
             )
         if failures:
             raise UploadFailed(failures)
@@ -183,7 +187,8 @@ class Volumes:
     ) -> UploadDirResult:
         """Upload a folder, up to `max_parallel` transfers of large files at once and
         `small_parallel` of small ones, starting and completing files in batch calls; files
-        already stored with the same size and sha256 are skipped."""
+        already stored with the same size and sha256 are skipped. Files up to 1 MiB travel in
+        packs, many to one PUT."""
         root = Path(local_dir)
         local_files = sorted(p for p in root.rglob("*") if p.is_file())
         by_path = {
@@ -228,14 +233,14 @@ class Volumes:
             cuts = [0, *range(FIRST_BATCH, len(announced), BATCH), len(announced)]
             batches = [announced[a:b] for a, b in pairwise(cuts)]
 
-            def start(batch: list[dict]) -> list[dict]:
-                body = {"files": batch}
-                return self.api.request("POST", f"/volumes/{volume}/uploads:batch", json=body)[
-                    "data"
-                ]
+            def start(batch: list[dict]) -> dict:
+                body = {"files": batch, "pack": True}
+                return self.api.request("POST", f"/volumes/{volume}/uploads:batch", json=body)
 
-            def send(to_send: list[dict]) -> tuple[list[dict], list[dict], dict[str, str]]:
-                completions, send_failures = self._transfer(pool, to_send, by_path, on_bytes)
+            def send(
+                to_send: list[dict], packs: list[dict]
+            ) -> tuple[list[dict], list[dict], dict[str, str]]:
+                completions, send_failures = self._transfer(pool, to_send, packs, by_path, on_bytes)
                 if not completions:
                     return to_send, [], send_failures
                 body = {"uploads": completions}
@@ -246,12 +251,13 @@ class Volumes:
             for batch in filter(None, batches):
                 if len(sending) >= BATCHES_AHEAD:  # URLs signed long before use could expire
                     sending[0].result()
-                answers = start(batch)
+                started = start(batch)
+                answers = started["data"]
                 to_send = [a for a in answers if not a.get("skipped")]
                 result.skipped += [a["path"] for a in answers if a.get("skipped")]
                 if on_total:
                     on_total(sum(by_path[a["path"]].stat().st_size for a in to_send))
-                sending.append(senders.submit(send, to_send))
+                sending.append(senders.submit(send, to_send, started.get("packs", [])))
                 while sending and sending[0].done():
                     self._sent(sending.popleft().result(), result, failures)
             while sending:
@@ -281,18 +287,27 @@ class Volumes:
         self,
         pool: ThreadPoolExecutor,
         answers: list[dict],
+        packs: list[dict],
         local: dict[str, Path],
         on_bytes: OnBytes | None,
     ) -> tuple[list[dict], dict[str, str]]:
-        """PUT every file (or each part of a multipart file) through `pool`; returns the completion
-        entries of the files whose bytes all arrived, and the reasons of those that did not."""
+        """PUT every file (each part of a multipart file, each pack of packed ones) through
+        `pool`; returns the completion entries of the files whose bytes all arrived, and the
+        reasons of those that did not."""
         puts = []
+        packed: dict[int, list[dict]] = {}
         for answer in answers:
             path = local[answer["path"]]
             size = path.stat().st_size
+            if answer["method"] == "packed":
+                packed.setdefault(answer["pack"], []).append(answer)
+                continue
             if answer["method"] == "single":
                 headers = answer.get("headers") or {}
-                future = pool.submit(self._put, answer["url"], path, 0, size, on_bytes, headers)
+                body = _reader([(path, 0, size)], on_bytes)
+                future = pool.submit(
+                    self.storage.put, answer["url"], length=size, body=body, headers=headers
+                )
                 puts.append((answer, None, future))
                 continue
             part_size = answer["part_size"]
@@ -301,6 +316,19 @@ class Volumes:
                 length = min(part_size, size - offset)
                 future = pool.submit(self._put_part, part["url"], path, offset, length, on_bytes)
                 puts.append((answer, part["number"], future))
+        for index, members in packed.items():
+            pack = packs[index]
+            members.sort(key=lambda answer: answer["offset"])
+            segments = [(local[a["path"]], 0, local[a["path"]].stat().st_size) for a in members]
+            body = _reader(segments, on_bytes)
+            future = pool.submit(
+                self.storage.put,
+                pack["url"],
+                length=pack["size"],
+                body=body,
+                headers=pack["headers"],
+            )
+            puts += [(answer, None, future) for answer in members]
         entries: dict[str, dict] = {}
         failures: dict[str, str] = {}
         for answer, number, future in puts:
@@ -315,25 +343,13 @@ class Volumes:
         failed_ids = {a["upload_id"] for a in answers if a["path"] in failures}
         return [e for upload_id, e in entries.items() if upload_id not in failed_ids], failures
 
-    def _put(
-        self,
-        url: str,
-        path: Path,
-        offset: int,
-        length: int,
-        on_bytes: OnBytes | None,
-        headers: dict[str, str],
-    ) -> str:
-        return self.storage.put(
-            url, length=length, body=_reader(path, offset, length, on_bytes), headers=headers
-        )
-
     def _put_part(
         self, url: str, path: Path, offset: int, length: int, on_bytes: OnBytes | None
     ) -> str:
         """A part goes with its Content-MD5, which the store checks: a corrupted part is refused."""
         digest = hashlib.md5(usedforsecurity=False)
-        for chunk in _reader(path, offset, length, None)():
+        for chunk in _reader([(path, offset, length)], None)():
             digest.update(chunk)
         headers = {"Content-MD5": base64.b64encode(digest.digest()).decode()}
-        return self._put(url, path, offset, length, on_bytes, headers)
+        body = _reader([(path, offset, length)], on_bytes)
+        return self.storage.put(url, length=length, body=body, headers=headers)

@@ -111,7 +111,7 @@ UploadInstructions = inline_serializer(
         "upload_id": serializers.CharField(required=False, help_text="absent when skipped"),
         "path": serializers.CharField(),
         "method": serializers.ChoiceField(
-            ["single", "multipart"], required=False, help_text="absent when skipped"
+            ["single", "multipart", "packed"], required=False, help_text="absent when skipped"
         ),
         "url": serializers.URLField(required=False),
         "headers": serializers.DictField(
@@ -126,7 +126,25 @@ UploadInstructions = inline_serializer(
             many=True,
             required=False,
         ),
+        "pack": serializers.IntegerField(
+            required=False, help_text="packed: the index of its pack in the answer's `packs`"
+        ),
+        "offset": serializers.IntegerField(
+            required=False, help_text="packed: where its bytes start in its pack"
+        ),
         "skipped": serializers.BooleanField(required=False),
+    },
+)
+PackInstructions = inline_serializer(
+    "PackInstructions",
+    {
+        "url": serializers.URLField(),
+        "headers": serializers.DictField(
+            child=serializers.CharField(), help_text="headers the PUT must carry, as signed"
+        ),
+        "size": serializers.IntegerField(
+            help_text="the pack's bytes: its files', one after another"
+        ),
     },
 )
 
@@ -209,12 +227,22 @@ class VolumeFilesView(VolumeScopedView):
 class UploadsBatchView(VolumeScopedView):
     class UploadsBatchIn(serializers.Serializer):
         files = Batch(FileIn)
+        pack = serializers.BooleanField(
+            default=False,
+            help_text="send the small files (up to 1 MiB, with a sha256) in packs, each one PUT",
+        )
 
     @extend_schema(
         request=UploadsBatchIn,
         responses={
             201: inline_serializer(
-                "UploadBatch", {"data": serializers.ListField(child=UploadInstructions)}
+                "UploadBatch",
+                {
+                    "data": serializers.ListField(child=UploadInstructions),
+                    "packs": serializers.ListField(
+                        child=PackInstructions, required=False, help_text="when `pack` was asked"
+                    ),
+                },
             )
         },
     )
@@ -222,8 +250,12 @@ class UploadsBatchView(VolumeScopedView):
         volume = self.volume(volume_id)
         data = self.validated(self.UploadsBatchIn, request.data)
         files = [services.FileToUpload(**f) for f in data["files"]]
-        answers = services.start_uploads(volume=volume, files=files)
-        return Response({"data": answers}, status=201)
+        if not data["pack"]:
+            return Response(
+                {"data": services.start_uploads(volume=volume, files=files)}, status=201
+            )
+        answers, packs = services.start_packed_uploads(volume=volume, files=files)
+        return Response({"data": answers, "packs": packs}, status=201)
 
 
 class UploadCompleteView(VolumeScopedView):

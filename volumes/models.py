@@ -42,7 +42,10 @@ class VolumeFile(models.Model):
     # The store refused any other bytes (a single PUT signed with `sha256`). A multipart upload's
     # parts are checked only against their own MD5s: its `sha256` is the uploader's word.
     sha256_verified = models.BooleanField(default=False)
-    object_key = models.CharField(max_length=1024)
+    object_key = models.CharField(max_length=1024, db_index=True)
+    # Where the file's bytes start in its object when that object is a pack of small files sent
+    # as one PUT (`Upload.Method.PACKED`); None when the object is the file.
+    offset = models.PositiveBigIntegerField(null=True, blank=True)
     uploaded_at = models.DateTimeField()
 
     class Meta:
@@ -50,6 +53,16 @@ class VolumeFile(models.Model):
 
     def __str__(self) -> str:
         return self.path
+
+    @property
+    def byte_range(self) -> tuple[int, int] | None:
+        return byte_range(self.offset, self.size)
+
+
+def byte_range(offset: int | None, size: int) -> tuple[int, int] | None:
+    """A file's first and last byte in its object when that object is a pack; None when the
+    object is the file."""
+    return None if offset is None else (offset, offset + size - 1)
 
 
 class Upload(models.Model):
@@ -59,6 +72,7 @@ class Upload(models.Model):
     class Method(models.TextChoices):
         SINGLE = "single"
         MULTIPART = "multipart"
+        PACKED = "packed"  # one of the small files of a pack, sent together as one PUT
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -71,7 +85,8 @@ class Upload(models.Model):
     size = models.PositiveBigIntegerField()
     sha256 = models.CharField(max_length=64, blank=True)
     method = models.CharField(max_length=10, choices=Method.choices)
-    object_key = models.CharField(max_length=1024)
+    object_key = models.CharField(max_length=1024, db_index=True)
+    offset = models.PositiveBigIntegerField(null=True, blank=True)  # VolumeFile's
     store_upload_id = models.CharField(max_length=1024, blank=True)
     part_size = models.PositiveBigIntegerField(null=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
@@ -138,6 +153,7 @@ class PinnedFile(models.Model):
     sha256 = models.CharField(max_length=64, blank=True)
     sha256_verified = models.BooleanField(default=False)  # VolumeFile's, as pinned
     object_key = models.CharField(max_length=1024, db_index=True)
+    offset = models.PositiveBigIntegerField(null=True, blank=True)  # VolumeFile's
 
     def __str__(self) -> str:
         return f"{self.holder}: {self.volume_id}/{self.path}"

@@ -10,7 +10,14 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from volumes.models import PinnedFile, StoreDeletion, Upload, UsageSnapshot, Volume
+from volumes.models import (
+    PinnedFile,
+    StoreDeletion,
+    Upload,
+    UsageSnapshot,
+    Volume,
+    VolumeFile,
+)
 from volumes.stores import keys, store_for
 
 log = logging.getLogger(__name__)
@@ -34,10 +41,17 @@ def reconcile_deleted_volumes() -> int:
             if not pending:
                 return done
             # A replaced file that a running job pinned stays until the job lets go of it.
+            named = [d.key for d in pending]
             pinned = set(
-                PinnedFile.objects.filter(object_key__in=[d.key for d in pending]).values_list(
-                    "object_key", flat=True
-                )
+                PinnedFile.objects.filter(object_key__in=named).values_list("object_key", flat=True)
+            )
+            # A pack whose other files are on their way or stored stays: the upload that replaces
+            # or drops the last of them schedules it again. (Uploads are read first: one that
+            # completes between the two reads is then seen as pending or as a file.)
+            on_their_way = Upload.objects.filter(object_key__in=named, status=Upload.Status.PENDING)
+            in_use = set(on_their_way.values_list("object_key", flat=True))
+            in_use |= set(
+                VolumeFile.objects.filter(object_key__in=named).values_list("object_key", flat=True)
             )
             for deletion in pending:
                 if deletion.key in pinned:
@@ -45,7 +59,7 @@ def reconcile_deleted_volumes() -> int:
                 try:
                     if deletion.is_prefix:
                         store.delete_prefix(keys.Prefix(deletion.key))
-                    else:
+                    elif deletion.key not in in_use:
                         store.delete([deletion.key])
                 except Exception as exc:  # noqa: BLE001 - any store failure: keep the row, retry later
                     log.warning("could not delete %s: %s", deletion.key, exc)

@@ -42,18 +42,21 @@ def volumes_with_files(
     *, workspace: Workspace, volume_ids: list[str], pinned_by: str | None = None
 ) -> list[tuple[Volume, list]]:
     """The workspace's volumes among `volume_ids`, each with its files (`path, size, sha256,
-    object_key`, by path): the files `pinned_by` pinned when given, else the current ones. Two
-    queries however many volumes. `sha256` is the one the store checked, empty where it checked
-    none (a multipart upload's): a worker that finds other bytes then blames the platform, which
-    an uploader's false sha256 must not be able to make it do."""
+    object_key`, and `offset` where the object is a pack; by path): the files `pinned_by` pinned
+    when given, else the current ones. Two queries however many volumes. `sha256` is the one the
+    store or a pack's completion checked, empty where none did (a multipart upload's): a worker
+    that finds other bytes then blames the platform, which an uploader's false sha256 must not be
+    able to make it do."""
     volumes = list(list_volumes(workspace=workspace).filter(public_id__in=volume_ids))
     files: dict[int, list] = {v.pk: [] for v in volumes}
     source = PinnedFile.objects.filter(holder=pinned_by) if pinned_by else VolumeFile.objects
     rows = source.filter(volume__in=volumes).order_by("volume_id", "path")
-    fields = ("volume_id", "path", "size", "sha256", "sha256_verified", "object_key")
+    fields = ("volume_id", "path", "size", "sha256", "sha256_verified", "object_key", "offset")
     for row in rows.values(*fields).iterator():
         if not row.pop("sha256_verified"):
             row["sha256"] = ""
+        if row["offset"] is None:  # the object is the file
+            del row["offset"]
         files[row.pop("volume_id")].append(row)
     return [(v, files[v.pk]) for v in volumes]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.utils import timezone
 
 from veri.errors import Conflict, NotFound, TooLarge, VeriError
@@ -25,6 +25,10 @@ MAX_PARTS = 10_000  # S3's limit
 MAX_OBJECT_BYTES = 5 * 1024**4  # S3's largest object
 MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# Small files may travel in packs (one PUT for many; see `start_packed_uploads`). A pack is read
+# back whole when it completes, to check each file's sha256, so it stays small.
+PACK_FILE_MAX_BYTES = 1024**2
+PACK_MAX_BYTES = 16 * 1024**2
 
 
 def validate_volume_name(name: str, *, field: str = "name") -> None:
@@ -79,7 +83,7 @@ def pin_files(*, holder: str, volumes: Sequence[Volume]) -> str:
     rows = list(
         VolumeFile.objects.filter(volume__in=volumes)
         .order_by("volume_id", "path")
-        .values("volume_id", "path", "size", "sha256", "sha256_verified", "object_key")
+        .values("volume_id", "path", "size", "sha256", "sha256_verified", "object_key", "offset")
     )
     PinnedFile.objects.bulk_create(PinnedFile(holder=holder, **row) for row in rows)
     ids = {v.pk: v.public_id for v in volumes}
@@ -165,11 +169,14 @@ def part_size_for(size: int) -> int:
     return max(settings.VERI_MULTIPART_PART_SIZE, MIN_PART_SIZE, math.ceil(size / MAX_PARTS))
 
 
-def _instructions(upload: Upload) -> dict:
-    """What the client needs to send the bytes: one URL, or one URL per part."""
+def _instructions(upload: Upload, pack_index: dict[str, int]) -> dict:
+    """What the client needs to send the bytes: one URL, one URL per part, or where in which pack
+    of the answer they go."""
     store, ttl = store_for(upload.volume.store_prefix), settings.VERI_PRESIGN_TTL_SECONDS
     answer = {"upload_id": upload.public_id, "path": upload.path, "method": upload.method}
-    if upload.method == Upload.Method.SINGLE:
+    if upload.method == Upload.Method.PACKED:
+        answer |= {"pack": pack_index[upload.object_key], "offset": upload.offset}
+    elif upload.method == Upload.Method.SINGLE:
         # Create-only: once the object is there (and completing checked it), re-sending this URL
         # with other bytes is refused instead of changing a file already recorded. Each upload
         # has a key of its own, so this never stands in the way of a new upload of the path.
@@ -194,6 +201,23 @@ def _instructions(upload: Upload) -> dict:
 def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict]:
     """One answer per file: upload instructions, or `{"path", "skipped": True}` when a file with the
     same size and sha256 is already stored at that path."""
+    return _start_uploads(volume=volume, files=files, pack=False)[0]
+
+
+def start_packed_uploads(
+    *, volume: Volume, files: Sequence[FileToUpload]
+) -> tuple[list[dict], list[dict]]:
+    """As `start_uploads`, but the small files announced with a sha256 go in packs: each pack is
+    one object the client sends as one PUT (its files' bytes one after another, in the order
+    announced), so a thousand small files cost a few requests, not a thousand. Returns the
+    answers and the packs (`{"url", "headers", "size"}`); a packed file's answer names its pack
+    by index and where its bytes start in it."""
+    return _start_uploads(volume=volume, files=files, pack=True)
+
+
+def _start_uploads(
+    *, volume: Volume, files: Sequence[FileToUpload], pack: bool
+) -> tuple[list[dict], list[dict]]:
     seen: set[str] = set()
     files = [
         _validate_file(file, field_prefix=f"files.{index}." if len(files) > 1 else "")
@@ -226,11 +250,14 @@ def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict
         f.path: f
         for f in VolumeFile.objects.filter(volume=volume, path__in=[f.path for f in files])
     }
-    # One folder per batch, so completing it is one store listing.
-    batch_folder = volume.store_prefix.child(secrets.token_hex(8))
+    # One folder per batch, so completing it is one store listing; its packs have their own
+    # (no file path can name them).
+    batch = secrets.token_hex(8)
+    batch_folder = volume.store_prefix.child(batch)
+    packs_folder = volume.store_prefix.child(f"packs/{batch}")
     store = store_for(volume.store_prefix)
     answers: list[dict | None] = []
-    new_uploads = []
+    new_uploads, packs = [], []
     for file in files:
         existing = stored.get(file.path)
         if (
@@ -248,14 +275,27 @@ def start_uploads(*, volume: Volume, files: Sequence[FileToUpload]) -> list[dict
             object_key=batch_folder.key(file.path),
             method=Upload.Method.MULTIPART if file.size > threshold else Upload.Method.SINGLE,
         )
+        if pack and file.sha256 and 0 < file.size <= PACK_FILE_MAX_BYTES:
+            if not packs or packs[-1]["size"] + file.size > PACK_MAX_BYTES:
+                packs.append({"key": packs_folder.key(str(len(packs))), "size": 0})
+            upload.method, upload.object_key = Upload.Method.PACKED, packs[-1]["key"]
+            upload.offset = packs[-1]["size"]
+            packs[-1]["size"] += file.size
         if upload.method == Upload.Method.MULTIPART:
             upload.part_size = part_size_for(file.size)
             upload.store_upload_id = store.create_multipart(upload.object_key)
         new_uploads.append(upload)
         answers.append(None)
     Upload.objects.bulk_create(new_uploads)
-    instructions = iter(_instructions(upload) for upload in new_uploads)
-    return [answer or next(instructions) for answer in answers]
+    pack_index = {p["key"]: index for index, p in enumerate(packs)}
+    instructions = iter(_instructions(upload, pack_index) for upload in new_uploads)
+    ttl = settings.VERI_PRESIGN_TTL_SECONDS
+    signed = []
+    for p in packs:
+        # Create-only like a single file's URL; the content is checked when the pack completes.
+        url, headers = store.presign_put(p["key"], expires=ttl, create_only=True)
+        signed.append({"url": url, "headers": headers, "size": p["size"]})
+    return [answer or next(instructions) for answer in answers], signed
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +321,7 @@ def complete_uploads(
     The content was checked by the store as it arrived: a single PUT announced with a sha256 is
     signed with it, and the store refuses other bytes (so nothing is read back here, which would
     cost a GET per file and minutes for large ones); multipart parts carry their Content-MD5.
+    A pack is small: it is read back once and each of its files hashed (`_check_packs`).
     A mismatch records nothing (the answer is an `upload_incomplete` error) and leaves the file
     already stored at that path untouched. Completing twice returns the same file.
     """
@@ -302,18 +343,19 @@ def complete_uploads(
                 store_errors[upload.pk] = (
                     f"{upload.path}: the multipart upload could not be completed ({exc})"
                 )
-    stored = store.stat_many(
-        [c.upload.object_key for c in pending if c.upload.pk not in store_errors]
-    )
+    packed = [c.upload for c in pending if c.upload.method == Upload.Method.PACKED]
+    own = [c.upload for c in pending if c.upload.method != Upload.Method.PACKED]
+    stored = store.stat_many([u.object_key for u in own if u.pk not in store_errors])
     problems = {
-        c.upload.pk: store_errors.get(c.upload.pk)
-        or _check_stored(c.upload, stored.get(c.upload.object_key))
-        for c in pending
-    }
+        u.pk: store_errors.get(u.pk) or _check_stored(u, stored.get(u.object_key)) for u in own
+    } | _check_packs(store, packed)
     _record_completions(volume=volume, pending=[c.upload for c in pending], problems=problems)
 
     keys = [c.upload.object_key for c in completions]
-    files = {f.object_key: f for f in VolumeFile.objects.filter(volume=volume, object_key__in=keys)}
+    files = {
+        (f.object_key, f.offset): f
+        for f in VolumeFile.objects.filter(volume=volume, object_key__in=keys)
+    }
     statuses = dict(
         Upload.objects.filter(pk__in=[c.upload.pk for c in completions]).values_list("pk", "status")
     )
@@ -323,7 +365,7 @@ def complete_uploads(
         upload.status = statuses[upload.pk]
         if upload.status == Upload.Status.COMPLETED:
             results.append(
-                files.get(upload.object_key)
+                files.get((upload.object_key, upload.offset))
                 or Conflict(
                     f"{upload.path}: a newer upload replaced this one.",
                     code="upload_superseded",
@@ -343,6 +385,46 @@ def complete_uploads(
                 )
             )
     return results
+
+
+def _check_packs(store, uploads: list[Upload]) -> dict[int, str | None]:
+    """Why each packed upload's bytes are not what was announced, or None when they are: its pack
+    must be as long as all its files together (the answer to the batch said so), and the file's
+    slice of it must hash to the file's sha256. Each pack is read once."""
+    if not uploads:
+        return {}
+    pack_keys = sorted({u.object_key for u in uploads})
+    expected = dict(
+        Upload.objects.filter(object_key__in=pack_keys)
+        .values("object_key")
+        .annotate(end=Max(F("offset") + F("size")))
+        .values_list("object_key", "end")
+    )
+    stored, problems = store.stat_many(pack_keys), {}
+    for key in pack_keys:
+        members = [u for u in uploads if u.object_key == key]
+        found = stored.get(key)
+        if found is None or found.size != expected[key]:
+            why = (
+                "nothing was uploaded"
+                if found is None
+                else f"its pack holds {found.size} bytes, expected {expected[key]}"
+            )
+            problems |= {u.pk: f"{u.path}: {why}" for u in members}
+            continue
+        try:
+            data = memoryview(store.get_bytes(key))
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            problems |= {u.pk: f"{u.path}: its pack could not be read ({exc})" for u in members}
+            continue
+        for u in members:
+            digest = hashlib.sha256(data[u.offset : u.offset + u.size]).hexdigest()
+            problems[u.pk] = (
+                None if digest == u.sha256 else f"{u.path}: the bytes sent differ from its sha256"
+            )
+    return problems
 
 
 @transaction.atomic
@@ -372,8 +454,10 @@ def _record_completions(
         fields = {
             "size": upload.size,
             "sha256": upload.sha256,
-            "sha256_verified": bool(upload.sha256) and upload.method == Upload.Method.SINGLE,
+            # A single PUT's the store checked; a pack's, `_check_packs`.
+            "sha256_verified": bool(upload.sha256) and upload.method != Upload.Method.MULTIPART,
             "object_key": upload.object_key,
+            "offset": upload.offset,
             "uploaded_at": now,
         }
         if file := existing.get(path):
@@ -388,7 +472,7 @@ def _record_completions(
             added_bytes += upload.size
     VolumeFile.objects.bulk_create(created)
     VolumeFile.objects.bulk_update(
-        updated, ["size", "sha256", "sha256_verified", "object_key", "uploaded_at"]
+        updated, ["size", "sha256", "sha256_verified", "object_key", "offset", "uploaded_at"]
     )
     Volume.objects.filter(pk=volume.pk).update(
         file_count=F("file_count") + added_files, total_bytes=F("total_bytes") + added_bytes
@@ -398,7 +482,7 @@ def _record_completions(
     live = {upload.object_key for upload in newest.values()}  # never delete what a file holds
     StoreDeletion.objects.bulk_create(
         StoreDeletion(key=key, reason="replaced or rejected upload")
-        for key in obsolete_keys
+        for key in dict.fromkeys(obsolete_keys)  # a pack's files share one key
         if key not in live
     )
     volume.refresh_from_db(fields=["file_count", "total_bytes"])

@@ -33,10 +33,13 @@ class ControlPlaneError(Exception):
         self.status = status
 
 
-def download(http: httpx.Client, url: str, target: Path) -> None:
-    """One file from a (presigned) URL to `target`, streamed."""
+def download(
+    http: httpx.Client, url: str, target: Path, headers: dict[str, str] | None = None
+) -> None:
+    """One file from a (presigned) URL to `target`, streamed; `headers` as the spec gives them (a
+    small file's byte range of its pack)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with http.stream("GET", url) as response:
+    with http.stream("GET", url, headers=headers) as response:
         response.raise_for_status()
         with target.open("wb") as out:
             for chunk in response.iter_bytes(1024 * 1024):

@@ -407,7 +407,7 @@ def fetch_files(http: httpx.Client, files: list[dict], folder: Path) -> Path:
         target = (folder / file["path"]).resolve()
         if not target.is_relative_to(folder.resolve()):
             raise ValueError(f"a file path leaves its folder: {file['path']!r}")
-        download(http, file["url"], target)
+        download(http, file["url"], target, file.get("headers"))
     return folder
 
 

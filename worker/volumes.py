@@ -79,9 +79,12 @@ class Fetcher:
     def chunks(
         self, file: dict, start: int | None = None, end: int | None = None
     ) -> Iterator[Iterator[bytes]]:
-        """The object's bytes (or bytes start..end) a chunk at a time, so memory stays flat
-        however large the file, with 16 downloads at once; leaving early drops the connection."""
+        """The file's bytes (or bytes start..end of it) a chunk at a time, so memory stays flat
+        however large the file, with 16 downloads at once; leaving early drops the connection.
+        A file of a pack (`offset`) is its range of the pack's object."""
         self._fresh()
+        if (base := file.get("offset")) is not None:
+            start, end = base + (start or 0), base + (file["size"] - 1 if end is None else end)
         byte_range = f"bytes={start}-{end}" if start is not None else None
         if self.s3 is not None:
             kwargs = {"Range": byte_range} if byte_range else {}
@@ -127,6 +130,44 @@ def _download(fetcher: Fetcher, file: dict, target: Path, pool: ThreadPoolExecut
         sha256 = hashing.digest.hexdigest()
     os.replace(partial, target)
     return sha256
+
+
+def _download_pack(
+    fetcher: Fetcher, members: list[dict], dest: Path, arrived: dict[str, str]
+) -> None:
+    """Files of one pack in one ranged GET of the span they cover, each written to its target as
+    its bytes pass (the bytes of files not asked for are skipped); each file's sha256 goes in
+    `arrived` as it lands."""
+    members = sorted(members, key=lambda f: f["offset"])
+    first = members[0]["offset"]
+    span = dict(members[0], offset=first, size=members[-1]["offset"] + members[-1]["size"] - first)
+    position, waiting = first, iter(members)
+    file, out = next(waiting), None
+    try:
+        with fetcher.chunks(span) as chunks:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view and file:
+                    if position < file["offset"]:  # a file not asked for
+                        skip = min(file["offset"] - position, len(view))
+                        view, position = view[skip:], position + skip
+                        continue
+                    if out is None:
+                        target = dest / file["path"]
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        partial = target.with_name(f".{target.name}.partial")
+                        out = _Hashing(partial.open("wb"))
+                    take = min(file["offset"] + file["size"] - position, len(view))
+                    out.write(view[:take])
+                    view, position = view[take:], position + take
+                    if position == file["offset"] + file["size"]:
+                        out.out.close()
+                        os.replace(partial, target)
+                        arrived[file["path"]] = out.digest.hexdigest()
+                        file, out = next(waiting, None), None
+    finally:
+        if out is not None:
+            out.out.close()
 
 
 def _download_splitting(
@@ -210,6 +251,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _present(target: Path, size: int) -> bool:
+    """Already there from an earlier run on this machine (its sha256 is checked after the sync)."""
+    return target.is_file() and target.stat().st_size == size
+
+
 def check_disk(volumes: list[dict], root: Path, free_override: int | None = None) -> None:
     need = sum(v["total_bytes"] for v in volumes)
     free = free_override if free_override is not None else shutil.disk_usage(root).free
@@ -236,13 +282,30 @@ def sync_volume(api: ControlPlane, volume: dict, root: Path, say) -> Path:
     def fetch(file: dict, pool: ThreadPoolExecutor | None = None) -> None:
         target = dest / file["path"]
         try:
-            if not (target.is_file() and target.stat().st_size == file["size"]):
+            if not _present(target, file["size"]):
                 arrived[file["path"]] = _download(fetcher, file, target, pool)
         except Exception as exc:  # noqa: BLE001 - every failure is named in the report
             problems[file["path"]] = f"{type(exc).__name__}: {exc}"[:300]
 
+    def fetch_pack(members: list[dict]) -> None:
+        wanted = [f for f in members if not _present(dest / f["path"], f["size"])]
+        try:
+            if wanted:
+                _download_pack(fetcher, wanted, dest, arrived)
+        except Exception as exc:  # noqa: BLE001 - every failure is named in the report
+            for file in wanted:
+                if file["path"] not in arrived:
+                    problems[file["path"]] = f"{type(exc).__name__}: {exc}"[:300]
+
+    packs: dict[str, list[dict]] = {}  # the files of each pack, fetched together
+    for file in small:
+        if "offset" in file:
+            packs.setdefault(file["object_key"], []).append(file)
     with ThreadPoolExecutor(PARALLEL) as pool:
-        list(pool.map(fetch, small))
+        wait(
+            [pool.submit(fetch, f) for f in small if "offset" not in f]
+            + [pool.submit(fetch_pack, members) for members in packs.values()]
+        )
         # Large files side by side, each split (when worth it) in ranged parts on the same pool.
         with ThreadPoolExecutor(max(1, min(len(large), 4))) as files_pool:
             list(files_pool.map(lambda file: fetch(file, pool), large))

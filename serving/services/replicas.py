@@ -27,6 +27,7 @@ from veri.errors import VeriError
 from veri.money import compute_micros
 from veri.queue import enqueue_on_commit
 from volumes import selectors as volume_selectors
+from volumes.models import byte_range
 from volumes.stores import store_for
 
 log = logging.getLogger(__name__)
@@ -185,11 +186,10 @@ def replica_spec(*, replica: Replica) -> dict:
         folder = path.rstrip("/") + "/"
         vstore = store_for(volume.store_prefix)
         base["files"] = [
-            {
-                "path": f["path"].removeprefix(folder),
-                "size": f["size"],
-                "url": vstore.presign_get(f["object_key"], expires=ttl),
-            }
+            {"path": f["path"].removeprefix(folder), "size": f["size"]}
+            | vstore.signed_get(
+                f["object_key"], expires=ttl, byte_range=byte_range(f.get("offset"), f["size"])
+            )
             for f in files
             if f["path"].startswith(folder)
         ]

@@ -44,7 +44,9 @@ def test_upload_dir_twice_uploads_nothing_the_second_time(
     volume = Volume.objects.get(name="corpus")
     assert (volume.file_count, volume.total_bytes) == (len(files), sum(map(len, files.values())))
     for file in VolumeFile.objects.filter(volume=volume):
-        assert get_store().get_bytes(file.object_key) == files[file.path]
+        assert (
+            get_store().get_bytes(file.object_key, byte_range=file.byte_range) == files[file.path]
+        )
 
     code, out, err = cli("volumes", "upload-dir", "corpus", str(tmp_path / "corpus"), capsys=capsys)
     assert code == 0

@@ -23,11 +23,8 @@ def _volume_files(workspace: Workspace, base_model: str) -> list[dict]:
         )
     store, ttl = store_for(volume.store_prefix), settings.VERI_PRESIGN_TTL_SECONDS
     return [
-        {
-            "path": f.path.removeprefix(folder),
-            "size": f.size,
-            "url": store.presign_get(f.object_key, expires=ttl),
-        }
+        {"path": f.path.removeprefix(folder), "size": f.size}
+        | store.signed_get(f.object_key, expires=ttl, byte_range=f.byte_range)
         for f in files
     ]
 

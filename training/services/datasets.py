@@ -147,7 +147,7 @@ def preview_dataset(*, dataset: Dataset, rows: int = PREVIEW_ROWS) -> list:
         )
     if dataset.source == Dataset.Source.UPLOAD:
         store = store_for(keys.workspace_prefix(dataset.workspace.public_id))
-        key = dataset.object_key
+        key, byte_range = dataset.object_key, None
     else:
         found = dataset.volume and volume_selectors.get_file(
             volume=dataset.volume, path=dataset.path
@@ -158,7 +158,8 @@ def preview_dataset(*, dataset: Dataset, rows: int = PREVIEW_ROWS) -> list:
                 code="preview_unavailable",
             )
         store, key = store_for(dataset.volume.store_prefix), found.object_key
-    head, chunks = b"", store.iter_bytes(key)
+        byte_range = found.byte_range
+    head, chunks = b"", store.iter_bytes(key, byte_range=byte_range)
     try:
         for chunk in chunks:
             head += chunk

@@ -54,7 +54,8 @@ def _model_size(plan: Plan) -> tuple[int, str]:
         file = volume_selectors.get_file(volume=volume, path=path)
         if file and file.size <= 1024**2:
             try:
-                config = json.loads(store_for(volume.store_prefix).get_bytes(file.object_key))
+                store = store_for(volume.store_prefix)
+                config = json.loads(store.get_bytes(file.object_key, byte_range=file.byte_range))
                 return parameters_from_config(config), f"from {base}/config.json"
             except (StoreError, ValueError, RecursionError):
                 pass  # not a config we can read: the name, or the default, below

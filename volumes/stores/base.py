@@ -25,6 +25,11 @@ class MultipartInProgress:
     initiated: datetime
 
 
+def range_header(byte_range: tuple[int, int]) -> dict[str, str]:
+    """The HTTP header that reads bytes `first..last` (both included) of an object."""
+    return {"Range": "bytes={}-{}".format(*byte_range)}
+
+
 class StoreError(Exception):
     """The store refused or failed an operation."""
 
@@ -72,7 +77,10 @@ class ObjectStore:
     def list_multipart(self, prefix: str) -> list[MultipartInProgress]: ...
     def head(self, key: str) -> StoredObject | None: ...
     def iter_objects(self, prefix: str) -> Iterator[StoredObject]: ...
-    def open(self, key: str): ...
+    def open(self, key: str, *, byte_range: tuple[int, int] | None = None):
+        """A readable stream of the object, or of its bytes `first..last` (both included)."""
+        ...
+
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
     def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
@@ -81,10 +89,17 @@ class ObjectStore:
         raises."""
         ...
 
-    def iter_bytes(self, key: str, *, chunk_size: int = HASH_CHUNK) -> Iterator[bytes]:
-        """The object's bytes, `chunk_size` at a time. The object is opened now (StoreError when
-        there is none), read as the iterator is consumed, and closed when it ends or is closed."""
-        stream = self.open(key)
+    def iter_bytes(
+        self,
+        key: str,
+        *,
+        chunk_size: int = HASH_CHUNK,
+        byte_range: tuple[int, int] | None = None,
+    ) -> Iterator[bytes]:
+        """The object's bytes (or those of `byte_range`), `chunk_size` at a time. The object is
+        opened now (StoreError when there is none), read as the iterator is consumed, and closed
+        when it ends or is closed."""
+        stream = self.open(key, byte_range=byte_range)
 
         def chunks() -> Iterator[bytes]:
             try:
@@ -108,8 +123,8 @@ class ObjectStore:
         where = {key: {"url": self.presign_get(key, expires=ttl)} for key in keys}
         return {"kind": "signed_urls", "expiration": expiration.isoformat()}, where
 
-    def get_bytes(self, key: str) -> bytes:
-        with self.open(key) as stream:
+    def get_bytes(self, key: str, *, byte_range: tuple[int, int] | None = None) -> bytes:
+        with self.open(key, byte_range=byte_range) as stream:
             return stream.read()
 
     def stat_many(self, keys: list[str]) -> dict[str, StoredObject]:

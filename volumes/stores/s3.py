@@ -25,6 +25,7 @@ from volumes.stores.base import (
     StoredObject,
     StoreError,
     StoreUnavailable,
+    range_header,
 )
 from volumes.stores.keys import check_key
 
@@ -159,10 +160,14 @@ class S3Store(ObjectStore):
             for item in page.get("Contents", []):
                 yield StoredObject(self._unkey(item["Key"]), item["Size"], item["ETag"].strip('"'))
 
-    def open(self, key: str):
+    def open(self, key: str, *, byte_range: tuple[int, int] | None = None):
+        ranged = range_header(byte_range) if byte_range else {}
         try:
             with _reaching():
-                return self.client.get_object(Bucket=self.bucket, Key=self.full_key(key))["Body"]
+                answer = self.client.get_object(
+                    Bucket=self.bucket, Key=self.full_key(key), **ranged
+                )
+                return answer["Body"]
         except ClientError as exc:
             raise StoreError(f"{key}: {exc.response['Error'].get('Message') or exc}") from exc
 

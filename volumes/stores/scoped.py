@@ -8,7 +8,7 @@ byte is read or written.
 
 from collections.abc import Iterable, Iterator
 
-from volumes.stores.base import MultipartInProgress, ObjectStore, StoredObject
+from volumes.stores.base import MultipartInProgress, ObjectStore, StoredObject, range_header
 from volumes.stores.keys import KeyRefused, Prefix
 
 
@@ -36,6 +36,16 @@ class ScopedStore:
     def presign_get(self, key: str, *, expires: int) -> str:
         return self.store.presign_get(self._key(key), expires=expires)
 
+    def signed_get(
+        self, key: str, *, expires: int, byte_range: tuple[int, int] | None = None
+    ) -> dict:
+        """Where a client GETs the object, or its `byte_range` (a pack's file): `{"url"}`, and
+        the `headers` to send with it when there are any."""
+        answer = {"url": self.presign_get(key, expires=expires)}
+        if byte_range:
+            answer["headers"] = range_header(byte_range)
+        return answer
+
     def create_multipart(self, key: str) -> str:
         return self.store.create_multipart(self._key(key))
 
@@ -62,8 +72,8 @@ class ScopedStore:
     def iter_objects(self, prefix: Prefix) -> Iterator[StoredObject]:
         return self.store.iter_objects(self._prefix(prefix))
 
-    def get_bytes(self, key: str) -> bytes:
-        return self.store.get_bytes(self._key(key))
+    def get_bytes(self, key: str, *, byte_range: tuple[int, int] | None = None) -> bytes:
+        return self.store.get_bytes(self._key(key), byte_range=byte_range)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.store.put_bytes(self._key(key), data)
@@ -71,8 +81,8 @@ class ScopedStore:
     def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
         return self.store.put_stream(self._key(key), chunks)
 
-    def iter_bytes(self, key: str) -> Iterator[bytes]:
-        return self.store.iter_bytes(self._key(key))
+    def iter_bytes(self, key: str, *, byte_range: tuple[int, int] | None = None) -> Iterator[bytes]:
+        return self.store.iter_bytes(self._key(key), byte_range=byte_range)
 
     def delete(self, keys: Iterable[str]) -> None:
         self.store.delete([self._key(key) for key in keys])
