@@ -84,9 +84,9 @@ def sha256_file(path: Path) -> str:
 
 
 def _reader(segments: list[tuple[Path, int, int]], on_bytes: OnBytes | None):
-    """A fresh body for each attempt: each segment's `length` bytes from `offset` of its file, one
-    after another (a part of a file, a file, or a pack of files). Progress is rewound when an
-    attempt fails part-way."""
+    """A fresh body for each attempt: each segment (`path, offset, size`: that many bytes from
+    there in that file) after the one before (a part of a file, a file, or a pack of files).
+    Progress is rewound when an attempt fails part-way."""
     length = sum(segment[2] for segment in segments)
 
     def body() -> Iterator[bytes]:
@@ -319,7 +319,13 @@ class Volumes:
         for index, members in packed.items():
             pack = packs[index]
             members.sort(key=lambda answer: answer["offset"])
-            segments = [(local[a["path"]], 0, local[a["path"]].stat().st_size) for a in members]
+            # Each file's size as announced (where the next one starts): a file changed since
+            # then fails alone, its bytes no longer hashing to its sha256.
+            ends = [a["offset"] for a in members[1:]] + [pack["size"]]
+            segments = [
+                (local[a["path"]], 0, end - a["offset"])
+                for a, end in zip(members, ends, strict=True)
+            ]
             body = _reader(segments, on_bytes)
             future = pool.submit(
                 self.storage.put,

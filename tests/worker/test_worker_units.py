@@ -206,6 +206,73 @@ def test_s3_volume_sync_verifies_what_arrived(
         assert f"{path} (sha256 differs from the uploaded file's)" in corrupted.value.message
 
 
+def test_the_files_of_a_pack_come_in_one_ranged_get(s3_endpoint, tmp_path, monkeypatch):
+    import contextlib
+    import hashlib
+
+    from tests.conftest import s3_client
+    from worker import volumes
+    from worker.volumes import sync_volume
+
+    asked, chunks = [], volumes.Fetcher.chunks
+
+    @contextlib.contextmanager
+    def recording(self, file, start=None, end=None):
+        asked.append((file["offset"], file["size"]))
+        with chunks(self, file, start, end) as stream:
+            yield stream
+
+    monkeypatch.setattr(volumes.Fetcher, "chunks", recording)
+    s3 = s3_client(s3_endpoint)
+    s3.create_bucket(Bucket="pack-sync")
+    blobs = {"a.txt": b"alpha", "b/b.txt": b"bravo!", "c.txt": b"charlie", "d.txt": b"delta"}
+    s3.put_object(Bucket="pack-sync", Key="vol/packs/x/0", Body=b"HEAD" + b"".join(blobs.values()))
+    files, offset = [], 4  # bytes before a.txt: the pack's files not in this volume any more
+    for path, data in blobs.items():
+        files.append(
+            {
+                "path": path,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "object_key": "packs/x/0",
+                "key": "vol/packs/x/0",
+                "offset": offset,
+            }
+        )
+        offset += len(data)
+    volume = {
+        "name": "corpus",
+        "file_count": 4,
+        "total_bytes": sum(map(len, blobs.values())),
+        "files": files,
+        "credentials": {
+            "kind": "s3",
+            "access_key_id": "testing",
+            "secret_access_key": "testing",
+            "session_token": "t",
+            "expiration": "2099-01-01T00:00:00+00:00",
+            "bucket": "pack-sync",
+            "endpoint_url": s3_endpoint,
+            "region": "us-east-1",
+        },
+    }
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "c.txt").write_bytes(b"charlie")  # there from an earlier run
+    mounted = sync_volume(None, volume, tmp_path, lambda _: None)
+    assert {path: (mounted / path).read_bytes() for path in blobs} == blobs
+    assert asked == [(4, 5 + 6 + 7 + 5)]  # a.txt to d.txt, c.txt's bytes passed over
+
+    # Other bytes of the same length in the pack: each file's hash, taken as it arrived, tells.
+    s3.put_object(Bucket="pack-sync", Key="vol/packs/x/0", Body=bytes(4 + 23))
+    for path in ("a.txt", "d.txt"):
+        (mounted / path).unlink()
+    with pytest.raises(JobFailure) as corrupted:
+        sync_volume(None, volume, tmp_path, lambda _: None)
+    for path in ("a.txt", "d.txt"):
+        assert f"{path} (sha256 differs from the uploaded file's)" in corrupted.value.message
+    assert "b/b.txt" not in corrupted.value.message
+
+
 def test_one_readable_progress_line_per_step():
     values = {"loss": 0.41234, "reward": 0.37, "learning_rate": 0.01, "num_tokens": 12.0}
     assert progress_line(12, 60, values, 3.1) == (
