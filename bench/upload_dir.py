@@ -13,8 +13,11 @@ same store: moto lists by walking every key of a bucket and grows slower as it h
 Prints each time and the ratios (baseline time / Veri time: above 1 means Veri is faster).
 moto is a single-process server: at 0 ms its request rate is the limit for every tool. With
 --rtt-ms every request to the store and to Veri's API crosses a loopback proxy adding that round
-trip (bench.rtt_proxy), as against a store in another region, where concurrency decides; here
-moto's one process still limits small files (docs/development.md, "Benchmarks").
+trip (bench.rtt_proxy), as against a store in another region. The others send each small file as
+its own PUT, which is how they store it; Veri sends them in packs (many files to one PUT, each
+file checked against its sha256 when its pack completes), so it makes a few requests where they
+make a thousand, and can pass the ceiling, which is per-file PUTs (docs/development.md,
+"Benchmarks").
 """
 
 import argparse

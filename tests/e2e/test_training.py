@@ -332,10 +332,10 @@ def test_worker_faults_are_reported_with_their_codes(api_client, platform, tiny_
             "max_response_length": 8,
         },
     )
-    fill_volume(workspace, "corpus", {f"part-{i}.jsonl": b"12345" for i in range(3)})
-    get_store().delete(
-        [VolumeFile.objects.get(path="part-1.jsonl").object_key]
-    )  # gone from the store
+    # Each file its own object, so that one of them is gone from the store.
+    files = {f"part-{i}.jsonl": b"12345" for i in range(3)}
+    fill_volume(workspace, "corpus", files, packed=False)
+    get_store().delete([VolumeFile.objects.get(path="part-1.jsonl").object_key])
     incomplete = submit(
         api_client,
         SFT_ROWS,
