@@ -6,9 +6,11 @@ ceiling (16 threads doing plain boto3 GETs), all from one moto S3 server started
 
 Each tool runs --repeat times into an empty folder, the tools taking turns, and its best time
 counts (one loaded 2-core machine varies by a third from run to run). Prints each time and
-ratios (baseline time / Veri time: above 1 means Veri is faster). moto is a single-process
-server: at 0 ms its request rate is the limit for every tool. With --rtt-ms every request to the
-store crosses a loopback proxy adding that round trip (bench.rtt_proxy).
+ratios (baseline time / Veri time: above 1 means Veri is faster). Small files are also synced
+as `veri volumes upload-dir` stores them, in packs (one ranged GET for many files), a row of its
+own: the baselines read one object per file. moto is a single-process server: at 0 ms its
+request rate is the limit for every tool. With --rtt-ms every request to the store crosses a
+loopback proxy adding that round trip (bench.rtt_proxy).
 """
 
 import argparse
@@ -25,6 +27,7 @@ from bench.rtt_proxy import proxied
 from worker.volumes import PART_SIZE, SPLIT_ABOVE, sync_volume
 
 BUCKET = "bench"
+PACK_FILES = 200  # upload-dir's batch: one pack each for files this small
 
 
 def main() -> None:
@@ -66,36 +69,43 @@ def measure(args, env: dict, direct: str, url: str, work: Path) -> None:
         ("small", f"{args.small} x 4 KiB", args.small, 4096),
         ("large", f"{args.large} x {args.large_mib} MiB", args.large, args.large_mib * 1024**2),
     ]
+    credentials = {
+        "kind": "s3",
+        "access_key_id": "bench",
+        "secret_access_key": "bench",
+        "session_token": "bench",
+        "expiration": "2099-01-01T00:00:00+00:00",
+        "bucket": BUCKET,
+        "endpoint_url": url,
+        "region": "us-east-1",
+    }
     for name, label, count, size in sets:
-        files = []
+        files, packed, pack = [], [], b""
         for i in range(count):
             data = os.urandom(size)
             key = f"vol/{name}/f{i:05d}.bin"
             filler.put_object(Bucket=BUCKET, Key=key, Body=data)
-            files.append(
-                {
-                    "path": f"f{i:05d}.bin",
-                    "size": size,
-                    "key": key,
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                }
-            )
+            file = {
+                "path": f"f{i:05d}.bin",
+                "size": size,
+                "key": key,
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+            files.append(file)
+            if name == "small":  # also in packs, as upload-dir stores them
+                pack_key = f"vol/packs/{name}/{i // PACK_FILES}"
+                packed.append(file | {"key": pack_key, "object_key": pack_key, "offset": len(pack)})
+                pack += data
+                if len(packed) % PACK_FILES == 0 or i == count - 1:
+                    filler.put_object(Bucket=BUCKET, Key=pack_key, Body=pack)
+                    pack = b""
             del data
         volume = {
             "name": name,
             "file_count": count,
             "total_bytes": count * size,
             "files": files,
-            "credentials": {
-                "kind": "s3",
-                "access_key_id": "bench",
-                "secret_access_key": "bench",
-                "session_token": "bench",
-                "expiration": "2099-01-01T00:00:00+00:00",
-                "bucket": BUCKET,
-                "endpoint_url": url,
-                "region": "us-east-1",
-            },
+            "credentials": credentials,
         }
         runs = {
             "veri sync (+verify)": lambda v=volume, n=name: sync_volume(
@@ -137,6 +147,11 @@ def measure(args, env: dict, direct: str, url: str, work: Path) -> None:
                 s3, f, work / "ranged" / n, part_size=PART_SIZE, ranged_above=SPLIT_ABOVE
             ),
         }
+        if packed:
+            in_packs = volume | {"files": packed}
+            runs["veri sync, packed"] = lambda v=in_packs, n=name: sync_volume(
+                None, v, work / "packed" / n, lambda _: None
+            )
         times = {}
         # Best of --repeat, each into an empty folder (a sync skips what is there); the tools
         # take turns, so each sees the server as it is after the same number of runs.
@@ -154,6 +169,12 @@ def measure(args, env: dict, direct: str, url: str, work: Path) -> None:
         print(f"  ratio vs s5cmd sync  : {times['s5cmd sync'] / veri:.2f}x")
         print(f"  share of ceiling     : {times['ceiling (16 GET threads)'] / veri:.2f}")
         print(f"  vs ranged GETs       : {times['ranged GETs, no checks'] / veri:.2f}x")
+        if packed:
+            in_packs = times["veri sync, packed"]
+            print(
+                f"  packed, as upload-dir stores them: {times['s5cmd sync'] / in_packs:.2f}x "
+                f"s5cmd, {times['ceiling (16 GET threads)'] / in_packs:.2f} of ceiling"
+            )
 
 
 def ceiling(
