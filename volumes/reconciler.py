@@ -79,7 +79,7 @@ def abort_stale_uploads(*, now: datetime | None = None) -> int:
     and multipart uploads in the store that no pending upload row owns."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.VERI_STALE_UPLOAD_SECONDS)
-    store, aborted = store_for(keys.ALL_WORKSPACES), 0
+    store, aborted, scheduled = store_for(keys.ALL_WORKSPACES), 0, set()
     stale = Upload.objects.filter(status=Upload.Status.PENDING, created_at__lt=cutoff)
     for upload in stale.order_by("pk")[:SWEEP_LIMIT]:
         claimed = Upload.objects.filter(pk=upload.pk, status=Upload.Status.PENDING).update(
@@ -89,7 +89,9 @@ def abort_stale_uploads(*, now: datetime | None = None) -> int:
             continue  # completed or aborted meanwhile
         if upload.method == Upload.Method.MULTIPART:
             store.abort_multipart(upload.object_key, upload_id=upload.store_upload_id)
-        StoreDeletion.objects.create(key=upload.object_key, reason="stale upload aborted")
+        if upload.object_key not in scheduled:  # a pack's files share one key
+            StoreDeletion.objects.create(key=upload.object_key, reason="stale upload aborted")
+            scheduled.add(upload.object_key)
         aborted += 1
     owned = set(
         Upload.objects.filter(

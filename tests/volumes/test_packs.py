@@ -1,9 +1,11 @@
 """Small files sent in packs: one PUT for many, each file still checked against its sha256."""
 
 import hashlib
+from datetime import timedelta
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from tests.conftest import assert_error
 from volumes import services, tasks
@@ -205,3 +207,15 @@ def test_an_aborted_file_leaves_its_pack_to_the_others(api_client, store_kind):
         409,
         "upload_aborted",
     )
+
+
+def test_an_abandoned_pack_is_aborted_once_and_leaves(api_client, store_kind):
+    volume = api_client.post("/v1/volumes", {"name": "corpus"}, format="json").json()
+    started = start(api_client, volume["id"], {"one": b"one", "two": b"two"})
+    [pack] = started["packs"]
+    assert put(api_client, pack["url"], b"onetwo", pack["headers"]).status_code == 200
+    key = Upload.objects.first().object_key
+    assert tasks.abort_stale_uploads(now=timezone.now() + timedelta(days=2)) == 2
+    assert StoreDeletion.objects.filter(key=key).count() == 1
+    tasks.reconcile_deleted_volumes()
+    assert get_store().head(key) is None and not VolumeFile.objects.exists()

@@ -412,9 +412,8 @@ def volume_credentials(*, job: TrainingJob, ttl: int = 1800) -> dict:
     again to refresh."""
     store, answer = store_for(job.workspace_prefix), []
     for volume, files in volume_files(job=job):
-        credentials, where = store.read_grant(
-            volume.store_prefix, [f["object_key"] for f in files], ttl=ttl
-        )
+        objects = list(dict.fromkeys(f["object_key"] for f in files))  # a pack serves many
+        credentials, where = store.read_grant(volume.store_prefix, objects, ttl=ttl)
         answer.append(
             {
                 "id": volume.public_id,

@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("--path", help="path inside the volume (default: the file's name)")
     upload.set_defaults(run=volumes.cmd_volumes_upload)
     upload_dir = vc.add_parser(
-        "upload-dir", help="upload a folder, 8 files at a time, skipping files already there"
+        "upload-dir",
+        help="upload a folder (files up to 1 MiB in packs, many to one PUT), skipping files "
+        "already there",
     )
     upload_dir.add_argument("name")
     upload_dir.add_argument("dir")
