@@ -109,6 +109,20 @@ def test_disk_check_refuses_volumes_over_80_percent_of_free_space(tmp_path):
     )
 
 
+def s3_credentials(bucket: str, endpoint: str) -> dict:
+    """What the control plane grants a worker to read a volume on S3 (STS credentials)."""
+    return {
+        "kind": "s3",
+        "access_key_id": "testing",
+        "secret_access_key": "testing",
+        "session_token": "t",
+        "expiration": "2099-01-01T00:00:00+00:00",
+        "bucket": bucket,
+        "endpoint_url": endpoint,
+        "region": "us-east-1",
+    }
+
+
 @pytest.mark.parametrize(
     ("worth", "gain", "ranged"),
     [(0, 0, "probe and the rest"), (0, 1e9, "probe only"), (1e9, 0, "none")],
@@ -167,16 +181,7 @@ def test_s3_volume_sync_verifies_what_arrived(
         "file_count": 2,
         "total_bytes": sum(map(len, blobs.values())),
         "files": files,
-        "credentials": {
-            "kind": "s3",
-            "access_key_id": "testing",
-            "secret_access_key": "testing",
-            "session_token": "t",
-            "expiration": "2099-01-01T00:00:00+00:00",
-            "bucket": bucket,
-            "endpoint_url": s3_endpoint,
-            "region": "us-east-1",
-        },
+        "credentials": s3_credentials(bucket, s3_endpoint),
     }
     mounted = sync_volume(None, volume, tmp_path, lambda _: None)
     for path, data in blobs.items():
@@ -245,16 +250,7 @@ def test_the_files_of_a_pack_come_in_one_ranged_get(s3_endpoint, tmp_path, monke
         "file_count": 4,
         "total_bytes": sum(map(len, blobs.values())),
         "files": files,
-        "credentials": {
-            "kind": "s3",
-            "access_key_id": "testing",
-            "secret_access_key": "testing",
-            "session_token": "t",
-            "expiration": "2099-01-01T00:00:00+00:00",
-            "bucket": "pack-sync",
-            "endpoint_url": s3_endpoint,
-            "region": "us-east-1",
-        },
+        "credentials": s3_credentials("pack-sync", s3_endpoint),
     }
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "c.txt").write_bytes(b"charlie")  # there from an earlier run
