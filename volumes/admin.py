@@ -76,7 +76,7 @@ class UsageSnapshotAdmin(admin.ModelAdmin):
 
 @admin.register(StoreDeletion)
 class StoreDeletionAdmin(admin.ModelAdmin):
-    list_display = ["key", "reason", "created_at", "done_at", "attempts"]
+    list_display = ["key", "reason", "created_at", "not_before", "done_at", "attempts"]
     list_filter = [("done_at", admin.EmptyFieldListFilter)]
     search_fields = ["key", "reason"]
 

@@ -130,6 +130,9 @@ class StoreDeletion(models.Model):
     reason = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
     done_at = models.DateTimeField(null=True, db_index=True)
+    # Deleted once, to be deleted again from then on: an upload URL for the key still worked,
+    # and a client could have created the object again with it.
+    not_before = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from volumes.models import (
@@ -33,9 +33,10 @@ def reconcile_deleted_volumes() -> int:
     store, done = store_for(keys.ALL_WORKSPACES), 0
     while True:
         with transaction.atomic():
+            now = timezone.now()
             pending = list(
                 StoreDeletion.objects.select_for_update(skip_locked=True)
-                .filter(done_at__isnull=True)
+                .filter(Q(not_before__isnull=True) | Q(not_before__lte=now), done_at__isnull=True)
                 .order_by("pk")[:SWEEP_LIMIT]
             )
             if not pending:
@@ -53,6 +54,15 @@ def reconcile_deleted_volumes() -> int:
             in_use |= set(
                 VolumeFile.objects.filter(object_key__in=named).values_list("object_key", flat=True)
             )
+            # Until its upload's URL expires, a key deleted now can be created again with it.
+            ttl = timedelta(seconds=settings.VERI_PRESIGN_TTL_SECONDS)
+            writable_until = {
+                key: started + ttl
+                for key, started in Upload.objects.filter(object_key__in=named)
+                .values("object_key")
+                .annotate(started=Max("created_at"))
+                .values_list("object_key", "started")
+            }
             for deletion in pending:
                 if deletion.key in pinned:
                     continue
@@ -61,6 +71,10 @@ def reconcile_deleted_volumes() -> int:
                         store.delete_prefix(keys.Prefix(deletion.key))
                     elif deletion.key not in in_use:
                         store.delete([deletion.key])
+                        if writable_until.get(deletion.key, now) > now:
+                            deletion.not_before = writable_until[deletion.key]
+                            deletion.save(update_fields=["not_before"])
+                            continue
                 except Exception as exc:  # noqa: BLE001 - any store failure: keep the row, retry later
                     log.warning("could not delete %s: %s", deletion.key, exc)
                     StoreDeletion.objects.filter(pk=deletion.pk).update(

@@ -390,7 +390,8 @@ def complete_uploads(
 def _check_packs(store, uploads: list[Upload]) -> dict[int, str | None]:
     """Why each packed upload's bytes are not what was announced, or None when they are: its pack
     must be as long as all its files together (the answer to the batch said so), and the file's
-    slice of it must hash to the file's sha256. Each pack is read once."""
+    slice of it must hash to the file's sha256. Each pack is read once, from its first file being
+    completed to its last: completing a pack's files one call each reads it once in all."""
     if not uploads:
         return {}
     pack_keys = sorted({u.object_key for u in uploads})
@@ -412,15 +413,17 @@ def _check_packs(store, uploads: list[Upload]) -> dict[int, str | None]:
             )
             problems |= {u.pk: f"{u.path}: {why}" for u in members}
             continue
+        first = min(u.offset for u in members)
+        span = (first, max(u.offset + u.size for u in members) - 1)
         try:
-            data = memoryview(store.get_bytes(key))
+            data = memoryview(store.get_bytes(key, byte_range=span))
         except StoreUnavailable:
             raise
         except StoreError as exc:
             problems |= {u.pk: f"{u.path}: its pack could not be read ({exc})" for u in members}
             continue
         for u in members:
-            digest = hashlib.sha256(data[u.offset : u.offset + u.size]).hexdigest()
+            digest = hashlib.sha256(data[u.offset - first : u.offset - first + u.size]).hexdigest()
             problems[u.pk] = (
                 None if digest == u.sha256 else f"{u.path}: the bytes sent differ from its sha256"
             )

@@ -219,3 +219,52 @@ def test_an_abandoned_pack_is_aborted_once_and_leaves(api_client, store_kind):
     assert StoreDeletion.objects.filter(key=key).count() == 1
     tasks.reconcile_deleted_volumes()
     assert get_store().head(key) is None and not VolumeFile.objects.exists()
+
+
+def test_completing_a_packs_files_one_by_one_reads_each_once(api_client, store_kind, monkeypatch):
+    from volumes.stores.scoped import ScopedStore
+
+    volume = api_client.post("/v1/volumes", {"name": "corpus"}, format="json").json()
+    files = {"a": b"a" * 100, "b": b"b" * 200, "c": b"c" * 300}
+    started = start(api_client, volume["id"], files)
+    [pack] = started["packs"]
+    assert (
+        put(api_client, pack["url"], b"".join(files.values()), pack["headers"]).status_code == 200
+    )
+    read, get_bytes = [], ScopedStore.get_bytes
+
+    def counting(self, key, *, byte_range=None):
+        data = get_bytes(self, key, byte_range=byte_range)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(ScopedStore, "get_bytes", counting)
+    for answer in started["data"]:
+        assert complete(api_client, volume["id"], [answer])[answer["path"]]["ok"]
+    assert read == [100, 200, 300]  # the pack once in all, not once per file
+    assert {f.path: stored(f) for f in VolumeFile.objects.all()} == files
+
+
+def test_a_pack_sent_again_after_its_deletion_is_deleted_again(api_client, store_kind, settings):
+    """A pack's URL works for VERI_PRESIGN_TTL_SECONDS: a client can create the object again
+    after the reconciler deleted it, so the deletion is repeated once the URL has expired."""
+    volume = api_client.post("/v1/volumes", {"name": "corpus"}, format="json").json()
+    started = start(api_client, volume["id"], {"one": b"one", "two": b"two"})
+    [pack] = started["packs"]
+    for answer in started["data"]:
+        url = f"/v1/volumes/{volume['id']}/uploads/{answer['upload_id']}"
+        assert api_client.delete(url).status_code == 204
+    key = Upload.objects.first().object_key
+    tasks.reconcile_deleted_volumes()
+    for deletion in StoreDeletion.objects.filter(key=key):  # one per file aborted
+        assert deletion.done_at is None and deletion.not_before > timezone.now()
+    assert get_store().head(key) is None
+
+    assert put(api_client, pack["url"], b"x" * 5000, pack["headers"]).status_code == 200
+    tasks.reconcile_deleted_volumes()  # not yet: the URL still works
+    assert get_store().head(key).size == 5000
+    Upload.objects.update(created_at=timezone.now() - timedelta(hours=2))
+    StoreDeletion.objects.update(not_before=timezone.now())
+    tasks.reconcile_deleted_volumes()
+    assert get_store().head(key) is None
+    assert not StoreDeletion.objects.filter(key=key, done_at__isnull=True).exists()

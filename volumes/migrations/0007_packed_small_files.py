@@ -1,6 +1,7 @@
 """Small files uploaded together as one object (a pack): each file, upload and pin records where its
 bytes start in that object (existing rows each hold an object of their own: None). Object keys are
-indexed: the reconciler asks whether any file or upload still holds a pack."""
+indexed: the reconciler asks whether any file or upload still holds a pack. A deletion whose key an
+upload URL could still create again is repeated once that URL has expired (`not_before`)."""
 
 from django.db import migrations, models
 
@@ -15,6 +16,11 @@ class Migration(migrations.Migration):
             model_name="pinnedfile",
             name="offset",
             field=models.PositiveBigIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="storedeletion",
+            name="not_before",
+            field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name="upload",
