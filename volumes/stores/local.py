@@ -173,7 +173,7 @@ class LocalStore(ObjectStore):
         if byte_range is None:
             return stream
         first, last = byte_range
-        with stream:  # a range is a pack's small file: read whole
+        with stream:  # a range is of a pack (at most 16 MiB): read into memory
             stream.seek(first)
             return io.BytesIO(stream.read(last - first + 1))
 
