@@ -297,11 +297,11 @@ class Volumes:
         puts = []
         packed: dict[int, list[dict]] = {}
         for answer in answers:
-            path = local[answer["path"]]
-            size = path.stat().st_size
-            if answer["method"] == "packed":
+            if answer["method"] == "packed":  # sized from the answer's offsets, below
                 packed.setdefault(answer["pack"], []).append(answer)
                 continue
+            path = local[answer["path"]]
+            size = path.stat().st_size
             if answer["method"] == "single":
                 headers = answer.get("headers") or {}
                 body = _reader([(path, 0, size)], on_bytes)
