@@ -394,16 +394,17 @@ def _check_packs(store, uploads: list[Upload]) -> dict[int, str | None]:
     completed to its last: completing a pack's files one call each reads it once in all."""
     if not uploads:
         return {}
-    pack_keys = sorted({u.object_key for u in uploads})
+    packs: dict[str, list[Upload]] = {}
+    for upload in uploads:
+        packs.setdefault(upload.object_key, []).append(upload)
     expected = dict(
-        Upload.objects.filter(object_key__in=pack_keys)
+        Upload.objects.filter(object_key__in=packs)
         .values("object_key")
         .annotate(end=Max(F("offset") + F("size")))
         .values_list("object_key", "end")
     )
-    stored, problems = store.stat_many(pack_keys), {}
-    for key in pack_keys:
-        members = [u for u in uploads if u.object_key == key]
+    stored, problems = store.stat_many(list(packs)), {}
+    for key, members in packs.items():
         found = stored.get(key)
         if found is None or found.size != expected[key]:
             why = (
