@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max, Q
+from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 
 from volumes.models import (
@@ -49,20 +49,21 @@ def reconcile_deleted_volumes() -> int:
             # A pack whose other files are on their way or stored stays: the upload that replaces
             # or drops the last of them schedules it again. (Uploads are read first: one that
             # completes between the two reads is then seen as pending or as a file.)
-            on_their_way = Upload.objects.filter(object_key__in=named, status=Upload.Status.PENDING)
-            in_use = set(on_their_way.values_list("object_key", flat=True))
+            # And until its upload's URL expires, a key deleted now can be created again with it.
+            uploads = list(
+                Upload.objects.filter(object_key__in=named)
+                .values("object_key")
+                .annotate(
+                    started=Max("created_at"),
+                    pending=Count("pk", filter=Q(status=Upload.Status.PENDING)),
+                )
+            )
+            in_use = {u["object_key"] for u in uploads if u["pending"]}
             in_use |= set(
                 VolumeFile.objects.filter(object_key__in=named).values_list("object_key", flat=True)
             )
-            # Until its upload's URL expires, a key deleted now can be created again with it.
             ttl = timedelta(seconds=settings.VERI_PRESIGN_TTL_SECONDS)
-            writable_until = {
-                key: started + ttl
-                for key, started in Upload.objects.filter(object_key__in=named)
-                .values("object_key")
-                .annotate(started=Max("created_at"))
-                .values_list("object_key", "started")
-            }
+            writable_until = {u["object_key"]: u["started"] + ttl for u in uploads}
             for deletion in pending:
                 if deletion.key in pinned:
                     continue
