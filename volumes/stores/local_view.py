@@ -90,22 +90,22 @@ class LocalStoreView(View):
             return JsonResponse(
                 Forbidden("This URL does not allow downloads.").as_body(), status=403
             )
+        key = self.claims["key"]
+        found = self.store.head(key)
+        first, last = _byte_range(request.headers.get("Range"), found.size if found else 0)
         try:
-            stream = self.store.open(self.claims["key"])
+            stream = self.store.open(key, byte_range=None if first is None else (first, last))
         except StoreError as exc:
             return JsonResponse(NotFound(str(exc), code="no_such_key").as_body(), status=404)
-        size = self.store.head(self.claims["key"]).size
-        first, last = _byte_range(request.headers.get("Range"), size)
         if first is None:
             response = FileResponse(stream, content_type="application/octet-stream")
             response["Accept-Ranges"] = "bytes"
             return response
-        stream.seek(first)
-        response = HttpResponse(
-            stream.read(last - first + 1), status=206, content_type="application/octet-stream"
-        )
-        stream.close()
-        response["Content-Range"] = f"bytes {first}-{last}/{size}"
+        with stream:
+            response = HttpResponse(
+                stream.read(), status=206, content_type="application/octet-stream"
+            )
+        response["Content-Range"] = f"bytes {first}-{last}/{found.size}"
         return response
 
 
